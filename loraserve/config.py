@@ -1,0 +1,86 @@
+"""One tree of settings, built once at the edge (CLI, environment or `LLM(...)`).
+
+Each component receives only its own part. Nothing reads `os.environ` after
+`EngineConfig` is built.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loraserve.errors import ConfigError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
+
+
+def default_cache_dir() -> Path:
+    """Where converted models are cached: $LORASERVE_CACHE_DIR, else ~/.cache/loraserve."""
+    env = os.environ.get("LORASERVE_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loraserve"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which base model to serve and how to hold its weights."""
+
+    model: str | None = None  # a local HF safetensors directory; None = embedded default
+    dtype: str = "auto"  # auto = bfloat16 where the hardware has it natively, else float32
+    device: str = "cpu"
+    cache_dir: Path = field(default_factory=default_cache_dir)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ConfigError("--dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in DEVICES:
+            raise ConfigError("--device", f"must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.model is not None and not Path(self.model).is_dir():
+            raise ConfigError("--model", f"{self.model!r} is not a directory")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: block size and how much memory it may take."""
+
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory: int = 2 << 30  # bytes for K and V of every layer together
+    num_blocks: int | None = None  # overrides kv_cache_memory when set (tests, tuning)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError("--block-size", f"must be a power of two, got {self.block_size}")
+        if self.kv_cache_memory <= 0:
+            raise ConfigError("--kv-cache-memory", "must be a positive number of bytes")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ConfigError("--num-blocks", "must be at least 1")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits for one engine step."""
+
+    max_num_seqs: int = 128  # sequences decoding together
+    max_num_batched_tokens: int = 512  # tokens computed in one step; longer prompts are chunked
+    max_model_len: int | None = None  # None = the model's context window
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError("--max-num-seqs", "must be at least 1")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError("--max-num-batched-tokens", "must be at least 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("--max-model-len", "must be at least 2")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, one part per component."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0  # seeds the sampler of requests that carry no seed of their own

@@ -1,0 +1,89 @@
+"""Paged KV cache bookkeeping: fixed-size blocks, a free list, reference counts, copy-on-write.
+
+Plain Python: the model runner owns the tensors, this owns which block holds what. It is
+the only code that changes a sequence's `block_table`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from loraserve.engine.sequence import Sequence
+
+BlockCopy = tuple[int, int]  # (source block, destination block) for the runner to copy before the step
+
+
+class BlockManager:
+    """Owns the free list, every block's reference count and every sequence's block table."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: deque[int] = deque(range(num_blocks))
+        self._ref_counts = [0] * num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def ref_count(self, block: int) -> int:
+        return self._ref_counts[block]
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Fresh blocks needed to write tokens [num_computed, num_computed + num_new_tokens)."""
+        new = max(0, self.blocks_for_tokens(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table))
+        return new + (1 if self._shared_block_to_write(seq) is not None else 0)
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, reserve: int = 0) -> bool:
+        """True when the blocks for `num_new_tokens` fit, leaving `reserve` blocks free."""
+        return self.num_blocks_needed(seq, num_new_tokens) + reserve <= len(self._free)
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> list[BlockCopy]:
+        """Give `seq` the blocks its next tokens are written to; returns copy-on-write copies to do."""
+        assert self.can_allocate(seq, num_new_tokens), "allocate() without can_allocate()"
+        copies: list[BlockCopy] = []
+        shared_index = self._shared_block_to_write(seq)
+        if shared_index is not None:
+            # The first block written is shared with a sibling: write into a private copy.
+            shared = seq.block_table[shared_index]
+            private = self._take()
+            self._release(shared)
+            seq.block_table[shared_index] = private
+            copies.append((shared, private))
+        while len(seq.block_table) < self.blocks_for_tokens(seq.num_computed_tokens + num_new_tokens):
+            seq.block_table.append(self._take())
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` shares every block of `parent` (n > 1 sampling shares the prompt)."""
+        assert not child.block_table
+        child.block_table = list(parent.block_table)
+        for block in child.block_table:
+            self._ref_counts[block] += 1
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks (finished, aborted or preempted)."""
+        for block in reversed(seq.block_table):
+            self._release(block)
+        seq.block_table = []
+
+    def _shared_block_to_write(self, seq: Sequence) -> int | None:
+        """Index in the block table of an already-held, shared block the next token lands in."""
+        index = seq.num_computed_tokens // self.block_size
+        if index < len(seq.block_table) and self._ref_counts[seq.block_table[index]] > 1:
+            return index
+        return None
+
+    def _take(self) -> int:
+        block = self._free.popleft()
+        self._ref_counts[block] = 1
+        return block
+
+    def _release(self, block: int) -> None:
+        self._ref_counts[block] -= 1
+        assert self._ref_counts[block] >= 0, f"block {block} released twice"
+        if self._ref_counts[block] == 0:
+            self._free.append(block)

@@ -1,0 +1,36 @@
+"""Incremental detokenization: each new token's text without re-decoding the whole output.
+
+Decoding a token alone can be wrong (a byte-level BPE token may hold half a UTF-8
+character; SentencePiece drops a leading space), so each step decodes a small window:
+the text of tokens [prefix_offset, read_offset) is already emitted, the text of
+[prefix_offset, end) minus it is new, unless it ends in an incomplete character.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+# Prompt tokens kept as context so the first generated token decodes as it would mid-text.
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """Turns one sequence's generated tokens into text, a delta per step."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int], skip_special: bool) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special
+        self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+
+    def append(self, token_id: int) -> str:
+        """Add one token; return the text it completes (may be empty)."""
+        self._ids.append(token_id)
+        decode = self._tokenizer.decode
+        prefix = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=self._skip_special)
+        full = decode(self._ids[self._prefix_offset :], skip_special_tokens=self._skip_special)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return full[len(prefix) :]

@@ -1,0 +1,137 @@
+"""The engine loop: schedule -> run -> postprocess, one step at a time. No tensor code here."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from transformers import PreTrainedTokenizerBase
+
+from loraserve.config import EngineConfig
+from loraserve.engine.block_manager import BlockManager
+from loraserve.engine.model_runner import ModelRunner
+from loraserve.engine.outputs import CompletionOutput, RequestOutput, RequestTimings
+from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.scheduler import Scheduler
+from loraserve.engine.sequence import Request, SequenceStatus
+from loraserve.engine.stop_checker import StopChecker
+from loraserve.errors import InvalidRequestError
+from loraserve.models import LoadedModel, load_model
+
+
+class LLMEngine:
+    """Accepts requests, steps the batch, reports each request's progress."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        self.loaded = loaded or load_model(config.model)
+        model_window = self.loaded.model.spec.max_positions
+        self.max_model_len = min(config.scheduler.max_model_len or model_window, model_window)
+        self.model_runner = ModelRunner(self.loaded, config.cache, seed=config.seed)
+        self.block_manager = BlockManager(self.model_runner.num_blocks, config.cache.block_size)
+        self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker)
+        self._requests: dict[str, Request] = {}
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.loaded.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids)."""
+        if request_id in self._requests:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        self._validate_prompt(token_ids, params)
+        request = Request(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=token_ids,
+            params=params,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+        )
+        self._requests[request_id] = request
+        self.scheduler.add_request(request)
+        return request
+
+    def abort_request(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is not None:
+            self.scheduler.abort(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration of the batch; returns the requests that got tokens (finished ones last time)."""
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return []
+        output = self.model_runner.run(batch)
+        touched = self.scheduler.postprocess(batch, output)
+        results = [self.request_output(request) for request in touched]
+        for request in touched:
+            if request.is_finished:
+                del self._requests[request.request_id]
+        return results
+
+    def request_output(self, request: Request) -> RequestOutput:
+        seqs = sorted(request.seqs, key=lambda s: s.index)
+        completions = [
+            CompletionOutput(
+                index=seq.index,
+                text=self.stop_checker.final_text(seq) if seq.status is SequenceStatus.FINISHED else seq.output_text,
+                token_ids=seq.output_token_ids,
+                finish_reason=seq.finish_reason,
+                logprobs=list(seq.logprobs) if request.params.logprobs is not None else None,
+            )
+            for seq in seqs
+        ]
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=completions,
+            finished=request.is_finished,
+            timings=_timings(request),
+        )
+
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise InvalidRequestError("prompt", "is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                "prompt",
+                f"is {len(token_ids)} tokens; the context window is {self.max_model_len} tokens, "
+                "leaving no room for a new token",
+            )
+        vocab = self.loaded.model.spec.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab})")
+        longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
+        if self.block_manager.blocks_for_tokens(longest) > self.block_manager.num_blocks:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt + max_tokens = {longest} tokens need more KV blocks than the cache has "
+                f"({self.block_manager.num_blocks} of {self.block_manager.block_size} tokens); "
+                "lower max_tokens or raise --kv-cache-memory",
+            )
+
+
+def _timings(request: Request) -> RequestTimings:
+    arrival = request.arrival_time
+    first = min((seq.token_times[0] for seq in request.seqs if seq.token_times), default=None)
+    main_times = request.seqs[0].token_times
+    return RequestTimings(
+        queue_time=None if request.first_scheduled_time is None else request.first_scheduled_time - arrival,
+        ttft=None if first is None else first - arrival,
+        inter_token_latencies=[b - a for a, b in itertools.pairwise(main_times)],
+        e2e=None if request.finished_time is None else request.finished_time - arrival,
+    )

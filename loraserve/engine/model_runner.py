@@ -1,0 +1,124 @@
+"""Runs one scheduled batch: builds the step's tensors once, runs the model, samples.
+
+Token layout of a step (T tokens): the decodes' single tokens first, then each prefill
+chunk's tokens in order. Example with block_size 4: a decode at position 9 of table
+[7, 2, 5] writes slot 5 * 4 + 1 = 21; a chunk of positions 0..5 of table [3, 8] writes
+slots 12, 13, 14, 15, 32, 33.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from loraserve.config import CacheConfig
+from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
+from loraserve.engine.sampler import Sampler
+from loraserve.models import LoadedModel
+from loraserve.models.attention import AttentionGroup, AttentionMetadata
+
+
+@dataclass
+class ModelInputs:
+    """The step's tensors, shared by every layer."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    attention: AttentionMetadata
+    logits_index: torch.Tensor  # [S] int64 token whose hidden state gives sampling row i
+
+
+class ModelRunner:
+    """Owns the model, the KV cache tensors and the sampler."""
+
+    def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, seed: int) -> None:
+        self.model = loaded.model
+        self.device = loaded.device
+        self.block_size = cache_config.block_size
+        spec = self.model.spec
+        bytes_per_block = spec.kv_bytes_per_token(loaded.dtype) * self.block_size
+        self.num_blocks = cache_config.num_blocks or max(1, cache_config.kv_cache_memory // bytes_per_block)
+        # kv_cache: [2 (k, v), layers, num_blocks, block_size, Hkv, D]. Zeros, not empty: padded
+        # reads are masked out, but a NaN bit pattern would still poison 0 * NaN.
+        self.kv_cache = torch.zeros(
+            2, spec.num_layers, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim,
+            dtype=loaded.dtype, device=self.device,
+        )  # fmt: skip
+        self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(spec.num_layers)]
+        self.sampler = Sampler(seed, self.device)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        if batch.block_copies:
+            sources, destinations = zip(*batch.block_copies, strict=True)
+            self.kv_cache[:, :, list(destinations)] = self.kv_cache[:, :, list(sources)]
+        inputs = self.prepare_inputs(batch)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv_caches)  # [T, hidden]
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_index))  # [S, vocab]
+        return self.sampler(logits, batch.sampling_seqs)
+
+    def prepare_inputs(self, batch: ScheduledBatch) -> ModelInputs:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_index: list[int] = []
+        bs = self.block_size
+        for item in batch.decodes:
+            seq, position = item.seq, item.start
+            input_ids.append(seq.token_ids[position])
+            positions.append(position)
+            slots.append(seq.block_table[position // bs] * bs + position % bs)
+            logits_index.extend([len(input_ids) - 1] * len(item.samplers))
+        for item in batch.prefills:
+            seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
+            chunk_positions = np.arange(start, end)
+            table = np.asarray(seq.block_table)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(chunk_positions.tolist())
+            slots.extend((table[chunk_positions // bs] * bs + chunk_positions % bs).tolist())
+            logits_index.extend([len(input_ids) - 1] * len(item.samplers))
+        groups = []
+        if batch.decodes:
+            groups.append(self._attention_group(batch.decodes, 0))
+        if batch.prefills:
+            groups.append(self._attention_group(batch.prefills, len(batch.decodes)))
+        device = self.device
+        return ModelInputs(
+            input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+            positions=torch.tensor(positions, dtype=torch.long, device=device),
+            attention=AttentionMetadata(
+                slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), groups=groups
+            ),
+            logits_index=torch.tensor(logits_index, dtype=torch.long, device=device),
+        )
+
+    def _attention_group(self, items: list[ScheduledSequence], token_start: int) -> AttentionGroup:
+        """Pad the rows to one batch: queries to the longest chunk, keys to the longest context."""
+        bs = self.block_size
+        query_lens = [item.num_new_tokens for item in items]
+        starts = [item.start for item in items]
+        max_query_len = max(query_lens)
+        max_blocks = max(-(-(s + n) // bs) for s, n in zip(starts, query_lens, strict=True))
+        tables = [item.seq.block_table[:max_blocks] + [0] * (max_blocks - len(item.seq.block_table)) for item in items]
+        device = self.device
+        # query_positions: [B, Lq]; padded query rows sit at position 0 so they attend to one real key.
+        offsets = torch.arange(max_query_len, device=device).unsqueeze(0)
+        lens = torch.tensor(query_lens, device=device).unsqueeze(1)
+        query_positions = torch.where(offsets < lens, torch.tensor(starts, device=device).unsqueeze(1) + offsets, 0)
+        key_positions = torch.arange(max_blocks * bs, device=device)
+        attend_mask = (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)).unsqueeze(1)
+        padded_index = None
+        if any(n != max_query_len for n in query_lens):
+            padded_index = torch.cat(
+                [row * max_query_len + torch.arange(n, device=device) for row, n in enumerate(query_lens)]
+            )
+        return AttentionGroup(
+            token_start=token_start,
+            token_end=token_start + sum(query_lens),
+            max_query_len=max_query_len,
+            block_tables=torch.tensor(tables, dtype=torch.long, device=device),
+            attend_mask=attend_mask,
+            padded_index=padded_index,
+        )

@@ -1,0 +1,47 @@
+"""What the engine hands back for each request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """The sampled token's log-probability and the most likely alternatives at that step."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float]  # token id -> logprob, the `logprobs` most likely tokens
+
+
+@dataclass
+class RequestTimings:
+    """Wall-clock latencies of one request, in seconds."""
+
+    queue_time: float | None  # arrival -> first scheduled
+    ttft: float | None  # arrival -> first token
+    inter_token_latencies: list[float] = field(default_factory=list)  # between consecutive tokens of completion 0
+    e2e: float | None = None  # arrival -> finished
+
+
+@dataclass
+class CompletionOutput:
+    """One of the `n` completions of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop", "length", "abort" or None while running
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The state of one request after a step (final when `finished`)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    timings: RequestTimings

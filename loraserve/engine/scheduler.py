@@ -1,0 +1,173 @@
+"""Iteration-level continuous batching (Orca) with chunked prefill and preemption by recompute.
+
+Every step: running sequences first (decodes before unfinished prompt chunks), then
+waiting ones while the token budget, the sequence limit and the free KV blocks allow.
+A prompt longer than the remaining budget is computed in chunks over several steps.
+When a running sequence cannot get a block, the most recently admitted ones are
+preempted: their blocks are freed and they are recomputed later from their tokens.
+
+Plain Python, no torch: tested without a model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+
+from loraserve.config import SchedulerConfig
+from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
+from loraserve.engine.block_manager import BlockCopy, BlockManager
+from loraserve.engine.sequence import Request, Sequence, SequenceStatus
+from loraserve.engine.stop_checker import StopChecker
+
+# Free blocks kept back when admitting new work, so running sequences can grow a little.
+WATERMARK_FRACTION = 0.01
+
+
+class Scheduler:
+    """Owns the waiting and running queues and every sequence's status."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        stop_checker: StopChecker,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.stop_checker = stop_checker
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preemptions = 0
+        self._seq_ids = itertools.count()
+        self._watermark = int(block_manager.num_blocks * WATERMARK_FRACTION)
+
+    def add_request(self, request: Request) -> None:
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request=request,
+            index=0,
+            token_ids=list(request.prompt_token_ids),
+            num_prompt_tokens=len(request.prompt_token_ids),
+            pending_forks=request.params.n - 1,
+        )
+        request.seqs.append(seq)
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        budget = self.config.max_num_batched_tokens
+        chosen: list[tuple[Sequence, int]] = []
+        copies: list[BlockCopy] = []
+        # Decodes first: a long prompt chunk must not hold back the token of every other user.
+        queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed_tokens != 1))
+        kept: list[Sequence] = []
+        preempted = False
+        while queue:
+            seq = queue.popleft()
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new == 0:
+                kept.append(seq)
+                continue
+            while not self.block_manager.can_allocate(seq, num_new) and queue:
+                self._preempt(queue.pop())
+                preempted = True
+            if not self.block_manager.can_allocate(seq, num_new):
+                self._preempt(seq)
+                preempted = True
+                continue
+            copies += self.block_manager.allocate(seq, num_new)
+            chosen.append((seq, num_new))
+            kept.append(seq)
+            budget -= num_new
+        kept_ids = {seq.seq_id for seq in kept}
+        self.running = [seq for seq in self.running if seq.seq_id in kept_ids]
+        # Admitting new work right after preempting would only preempt again.
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
+                break
+            self.waiting.popleft()
+            copies += self.block_manager.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            if seq.request.first_scheduled_time is None:
+                seq.request.first_scheduled_time = self.clock()
+            self.running.append(seq)
+            chosen.append((seq, num_new))
+            budget -= num_new
+        return self._build_batch(chosen, copies)
+
+    def postprocess(self, batch: ScheduledBatch, output: StepOutput) -> list[Request]:
+        """Record the step's tokens; finish sequences that are done. Returns the requests touched."""
+        now = self.clock()
+        for item in batch.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        touched: dict[str, Request] = {}
+        for seq, token_id, logprob in zip(batch.sampling_seqs, output.token_ids, output.logprobs, strict=True):
+            if seq.status is SequenceStatus.FINISHED:  # aborted while the step ran
+                continue
+            seq.token_ids.append(token_id)
+            seq.token_times.append(now)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            reason = self.stop_checker.check(seq)
+            if reason is not None:
+                self._finish(seq, reason, now)
+            touched[seq.request.request_id] = seq.request
+        return list(touched.values())
+
+    def abort(self, request: Request) -> None:
+        """Stop every sequence of the request now and free its blocks."""
+        now = self.clock()
+        for seq in request.seqs:
+            seq.pending_forks = 0
+            if seq.status is SequenceStatus.WAITING:
+                self.waiting.remove(seq)
+            if seq.status is not SequenceStatus.FINISHED:
+                self._finish(seq, "abort", now)
+
+    def _build_batch(self, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy]) -> ScheduledBatch:
+        decodes: list[ScheduledSequence] = []
+        prefills: list[ScheduledSequence] = []
+        for seq, num_new in chosen:
+            item = ScheduledSequence(seq, num_new)
+            if seq.num_computed_tokens + num_new == seq.num_tokens:
+                item.samplers = [seq, *self._fork_siblings(seq, num_new)]
+            (decodes if num_new == 1 else prefills).append(item)
+        return ScheduledBatch(decodes=decodes, prefills=prefills, block_copies=copies)
+
+    def _fork_siblings(self, seq: Sequence, num_new: int) -> list[Sequence]:
+        """n > 1: the other completions share the prompt's blocks and sample from its last row."""
+        forks = []
+        for _ in range(seq.pending_forks):
+            child = seq.fork(next(self._seq_ids), index=len(seq.request.seqs))
+            child.num_computed_tokens = seq.num_computed_tokens + num_new  # as the parent's after this step
+            self.block_manager.fork(seq, child)
+            seq.request.seqs.append(child)
+            self.running.append(child)
+            forks.append(child)
+        seq.pending_forks = 0
+        return forks
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.free(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.request.is_finished:
+            seq.request.finished_time = now

@@ -1,0 +1,89 @@
+"""Requests and the sequences (completions) generated for them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from loraserve.engine.outputs import TokenLogprob
+from loraserve.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds KV blocks and is scheduled every step
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """A user's prompt, its sampling settings and the `n` sequences sampling it."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    seqs: list[Sequence] = field(default_factory=list)
+    first_scheduled_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        # A parent with pending forks has siblings still to come.
+        return all(seq.status is SequenceStatus.FINISHED and not seq.pending_forks for seq in self.seqs)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One completion. The block manager alone changes `block_table`; the scheduler alone `status`."""
+
+    seq_id: int
+    request: Request
+    index: int  # which of the request's n completions this is
+    token_ids: list[int]  # prompt followed by the generated tokens
+    num_prompt_tokens: int
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    pending_forks: int = 0  # siblings still to fork off once the prompt is computed (n > 1)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    output_text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # when each generated token arrived
+    detokenizer: Any = None  # owned by the stop checker
+    rng: Any = None  # seeded sampling state, owned by the sampler
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def fork(self, seq_id: int, index: int) -> Sequence:
+        """A sibling that continues from the same tokens; the block manager shares the blocks."""
+        return Sequence(
+            seq_id=seq_id,
+            request=self.request,
+            index=index,
+            token_ids=list(self.token_ids),
+            num_prompt_tokens=self.num_prompt_tokens,
+            status=self.status,
+            num_computed_tokens=self.num_computed_tokens,
+        )

@@ -1,0 +1,26 @@
+"""Domain exceptions: raised at the boundary, mapped to wire errors in one place."""
+
+
+class LoraserveError(Exception):
+    """Base class of every error loraserve raises on purpose."""
+
+
+class InvalidRequestError(LoraserveError, ValueError):
+    """A request or parameter a user sent is not acceptable; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class ModelLoadError(LoraserveError):
+    """The base model could not be found, converted or loaded."""
+
+
+class ConfigError(LoraserveError, ValueError):
+    """A setting is invalid; `flag` names the CLI flag (or argument) to change."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag

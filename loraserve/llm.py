@@ -1,0 +1,120 @@
+"""Offline batch inference: `LLM().generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_cache_dir
+from loraserve.engine import LLMEngine, RequestOutput, SamplingParams
+from loraserve.errors import InvalidRequestError
+
+Prompt = str | list[int]  # text, or token ids
+Conversation = list[dict[str, str]]  # [{"role": "user", "content": "Hi"}, ...]
+
+
+class LLM:
+    """The engine with a blocking, whole-batch interface."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        device: str = "cpu",
+        max_num_seqs: int = 128,
+        max_num_batched_tokens: int = 512,
+        max_model_len: int | None = None,
+        kv_cache_memory: int = 2 << 30,
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
+        seed: int = 0,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        config = EngineConfig(
+            model=ModelConfig(
+                model=model, dtype=dtype, device=device, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir()
+            ),
+            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, num_blocks=num_kv_blocks),
+            scheduler=SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
+            ),
+            seed=seed,
+        )
+        self.engine = LLMEngine(config)
+        self._request_ids = itertools.count()
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Complete every prompt; outputs come back in the prompts' order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        return self._run(list(prompts), sampling_params, use_tqdm)  # type: ignore[arg-type]
+
+    def chat(
+        self,
+        conversations: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Answer each conversation, tokenized exactly as `apply_chat_template(..., tokenize=True)` does."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        prompts: list[Prompt] = [self.chat_prompt_ids(conv) for conv in conversations]  # type: ignore[arg-type]
+        return self._run(prompts, sampling_params, use_tqdm)
+
+    def chat_prompt_ids(self, conversation: Conversation) -> list[int]:
+        encoded = self.tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
+        return list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
+
+    def _run(
+        self,
+        prompts: list[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
+        params = _params_per_prompt(sampling_params, len(prompts))
+        ids = [str(next(self._request_ids)) for _ in prompts]
+        try:
+            for request_id, prompt, p in zip(ids, prompts, params, strict=True):
+                self.engine.add_request(request_id, prompt, p)
+        except Exception:
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(prompts), desc="Generating", unit="req", disable=not use_tqdm) as progress:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        progress.update()
+        return [finished[request_id] for request_id in ids]
+
+
+def _params_per_prompt(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_prompts
+    if len(sampling_params) != num_prompts:
+        raise InvalidRequestError(
+            "sampling_params", f"got {len(sampling_params)} for {num_prompts} prompts; give one or one per prompt"
+        )
+    return list(sampling_params)

@@ -1,0 +1,31 @@
+"""Pick the compute dtype: bfloat16 where the hardware does it natively, float32 otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+_NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NATIVE_BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16"}
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return bool(_NATIVE_BF16_CPU_FLAGS & set(line.split()))
+    return False
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """Map a `--dtype` value to a torch dtype; `auto` looks at the device."""
+    if name != "auto":
+        return _NAMED[name]
+    if device == "cuda" or cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32

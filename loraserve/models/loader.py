@@ -1,0 +1,119 @@
+"""Load a base model: config, tokenizer (with its chat template) and weights, from one directory."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+
+from loraserve.config import ModelConfig
+from loraserve.errors import ModelLoadError
+from loraserve.models.default_model import MODEL_NAME, default_model_dir
+from loraserve.models.dtypes import resolve_dtype
+from loraserve.models.llama import LlamaForCausalLM, LlamaSpec
+from loraserve.models.rope import RotaryEmbedding
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# Checkpoint tensors that carry nothing we need (precomputed RoPE frequencies).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class LoadedModel:
+    """A ready model and everything needed to turn text into its tokens and back."""
+
+    model: LlamaForCausalLM
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # the id clients use for the base model
+    model_dir: Path
+    eos_token_ids: frozenset[int]
+    dtype: torch.dtype
+    device: str
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    """Load the configured model (the embedded default when `config.model` is None)."""
+    if config.model is None:
+        model_dir, name = default_model_dir(config.cache_dir), MODEL_NAME
+    else:
+        model_dir = Path(config.model)
+        name = model_dir.resolve().name
+    hf_config = _read_hf_config(model_dir)
+    dtype = resolve_dtype(config.dtype, config.device)
+    spec = LlamaSpec.from_hf_config(hf_config)
+    rope = RotaryEmbedding(hf_config, spec.head_dim, spec.max_positions, dtype, config.device)
+    model = LlamaForCausalLM(spec, rope, dtype, config.device)
+    _load_weights(model, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return LoadedModel(
+        model=model.eval(),
+        tokenizer=tokenizer,
+        name=name,
+        model_dir=model_dir,
+        eos_token_ids=_eos_token_ids(model_dir, tokenizer),
+        dtype=dtype,
+        device=config.device,
+    )
+
+
+def _read_hf_config(model_dir: Path) -> PretrainedConfig:
+    if not (model_dir / "config.json").is_file():
+        raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"model_type {hf_config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    window = getattr(hf_config, "sliding_window", None)
+    uses_window = getattr(hf_config, "use_sliding_window", True)
+    if window is not None and uses_window and window < hf_config.max_position_embeddings:
+        raise ModelLoadError(f"sliding-window attention (sliding_window={window}) is not supported")
+    return hf_config
+
+
+def _load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir} has no *.safetensors weights (pickle checkpoints are not loaded)")
+    targets = model.hf_weight_targets()
+    missing = set(targets)
+    with tqdm(total=len(targets), desc="Loading weights", unit="tensor", leave=False) as progress:
+        for path in files:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                    if name not in targets:
+                        if not name.endswith(_IGNORED_SUFFIXES) and name != "lm_head.weight":
+                            logger.warning("ignoring unexpected tensor %s in %s", name, path.name)
+                        continue
+                    param, rows = targets[name]
+                    tensor = f.get_tensor(name)
+                    destination = param[rows]
+                    if destination.shape != tensor.shape:
+                        raise ModelLoadError(
+                            f"{name} has shape {tuple(tensor.shape)}, the config implies {tuple(destination.shape)}"
+                        )
+                    destination.copy_(tensor)
+                    missing.discard(name)
+                    progress.update()
+    if missing:
+        raise ModelLoadError(f"{model_dir} lacks {len(missing)} weights, e.g. {sorted(missing)[0]}")
+
+
+def _eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """EOS ids from generation_config.json (int or list) and the tokenizer."""
+    ids: set[int] = set()
+    generation_config = model_dir / "generation_config.json"
+    if generation_config.is_file():
+        eos = json.loads(generation_config.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)

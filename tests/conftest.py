@@ -1,0 +1,98 @@
+"""Shared fixtures: the real default model, loaded once per test session."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from loraserve import LLM
+from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_cache_dir
+from loraserve.engine import LLMEngine
+from loraserve.models import LoadedModel, load_model
+from loraserve.models.default_model import default_model_dir
+
+# Varied chat prompts: facts, lists, code, poems, arithmetic, multi-turn, a system prompt.
+CHAT_PROMPTS: list[list[dict[str, str]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "user", "content": "Explain gravity to a five-year-old."}],
+    [{"role": "user", "content": "List three fruits that are red."}],
+    [{"role": "user", "content": "Write a Python function that reverses a string."}],
+    [{"role": "user", "content": "What is 17 times 23?"}],
+    [{"role": "user", "content": "Translate 'good morning' into Spanish and German."}],
+    [{"role": "user", "content": "Give me a name for a pet turtle."}],
+    [{"role": "system", "content": "You are a pirate. Answer like one."}, {"role": "user", "content": "Hello!"}],
+    [{"role": "user", "content": "Summarize the plot of Romeo and Juliet in two sentences."}],
+    [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Nice to meet you, Ada!"},
+        {"role": "user", "content": "What is my name?"},
+    ],
+    [{"role": "user", "content": "Why is the sky blue?"}],
+    [{"role": "user", "content": "Suggest a healthy breakfast."}],
+    [{"role": "user", "content": "hi"}],
+    [{"role": "user", "content": "Describe a cat in one long sentence with many adjectives, please, in detail."}],
+    [{"role": "user", "content": "What are the first five prime numbers?"}],
+]
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return default_model_dir(default_cache_dir())
+
+
+@pytest.fixture(scope="session")
+def loaded_model() -> LoadedModel:
+    return load_model(ModelConfig(dtype="float32"))
+
+
+EngineFactory = Callable[..., LLM]
+
+
+@pytest.fixture(scope="session")
+def make_llm(loaded_model: LoadedModel) -> EngineFactory:
+    """An `LLM` over the shared float32 model with its own KV cache and scheduler settings."""
+
+    def make(num_kv_blocks: int = 512, **scheduler: int) -> LLM:
+        config = EngineConfig(
+            model=ModelConfig(dtype="float32"),
+            cache=CacheConfig(num_blocks=num_kv_blocks),
+            scheduler=dataclasses.replace(SchedulerConfig(), **scheduler),
+        )
+        return LLM.from_engine(LLMEngine(config, loaded=loaded_model))
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llm(make_llm: EngineFactory) -> LLM:
+    return make_llm()
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model: torch.nn.Module) -> Callable[[list[int], int], list[int]]:
+    """transformers' greedy continuation of one prompt (memoized: references are reused)."""
+    cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def generate(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        key = (tuple(prompt_ids), max_new_tokens)
+        if key not in cache:
+            with torch.inference_mode():
+                out = hf_model.generate(  # type: ignore[operator]
+                    torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False
+                )
+            cache[key] = out[0, len(prompt_ids) :].tolist()
+        return cache[key]
+
+    return generate

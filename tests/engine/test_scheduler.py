@@ -1,0 +1,150 @@
+"""Scheduler: continuous batching, token budget, chunked prefill, preemption. No model needed."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from loraserve.config import SchedulerConfig
+from loraserve.engine.batch import StepOutput
+from loraserve.engine.block_manager import BlockManager
+from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.scheduler import Scheduler
+from loraserve.engine.sequence import Request, SequenceStatus
+from loraserve.engine.stop_checker import StopChecker
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def make_scheduler(tokenizer, num_blocks=64, block_size=4, **config) -> Scheduler:
+    manager = BlockManager(num_blocks, block_size)
+    return Scheduler(SchedulerConfig(**config), manager, StopChecker(tokenizer, frozenset({EOS}), max_model_len=1024))
+
+
+def add(scheduler: Scheduler, request_id: str, prompt_len: int, max_tokens: int = 4) -> Request:
+    request = Request(
+        request_id=request_id,
+        prompt=None,
+        prompt_token_ids=[100 + i for i in range(prompt_len)],
+        params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        arrival_time=0.0,
+    )
+    scheduler.add_request(request)
+    return request
+
+
+def step(scheduler: Scheduler, token: int = 7):
+    """One step with every sampling sequence receiving `token`."""
+    batch = scheduler.schedule()
+    scheduler.postprocess(batch, StepOutput([token] * len(batch.sampling_seqs), [None] * len(batch.sampling_seqs)))
+    return batch
+
+
+def test_new_request_joins_the_running_batch_at_the_next_step(tokenizer):
+    scheduler = make_scheduler(tokenizer)
+    first = add(scheduler, "a", prompt_len=5, max_tokens=10)
+    batch = step(scheduler)
+    assert [item.seq.request for item in batch.prefills] == [first]
+    second = add(scheduler, "b", prompt_len=3)
+    batch = step(scheduler)
+    assert [item.seq.request for item in batch.decodes] == [first]
+    assert [item.seq.request for item in batch.prefills] == [second]
+    assert batch.num_tokens == 1 + 3
+
+
+def test_finished_sequence_leaves_the_step_it_finishes_and_frees_its_blocks(tokenizer):
+    scheduler = make_scheduler(tokenizer)
+    short = add(scheduler, "short", prompt_len=4, max_tokens=1)
+    long = add(scheduler, "long", prompt_len=4, max_tokens=5)
+    step(scheduler)
+    assert short.seqs[0].status is SequenceStatus.FINISHED
+    assert short.seqs[0].finish_reason == "length"
+    assert short.seqs[0].block_table == []
+    assert scheduler.running == long.seqs
+    batch = step(scheduler, token=EOS)
+    assert long.seqs[0].finish_reason == "stop"
+    assert [item.seq for item in batch.decodes] == long.seqs
+    assert not scheduler.has_unfinished()
+    assert scheduler.block_manager.num_free_blocks == 64
+
+
+def test_token_budget_chunks_a_long_prompt_and_samples_only_at_its_end(tokenizer):
+    scheduler = make_scheduler(tokenizer, max_num_batched_tokens=8)
+    request = add(scheduler, "long", prompt_len=20)
+    chunks = []
+    while not request.seqs[0].output_token_ids:
+        batch = step(scheduler)
+        chunks.append(batch.num_tokens)
+        assert batch.num_tokens <= 8
+    assert chunks == [8, 8, 4]
+    assert request.seqs[0].num_computed_tokens == 20
+
+
+def test_decodes_are_scheduled_before_a_prompt_chunk(tokenizer):
+    scheduler = make_scheduler(tokenizer, max_num_batched_tokens=6)
+    decoding = add(scheduler, "decoding", prompt_len=3, max_tokens=10)
+    step(scheduler)
+    long = add(scheduler, "long", prompt_len=30)
+    for _ in range(3):
+        batch = step(scheduler)
+        assert [item.seq.request for item in batch.decodes] == [decoding]
+        assert [(item.seq.request, item.num_new_tokens) for item in batch.prefills] == [(long, 5)]
+
+
+def test_max_num_seqs_bounds_the_running_batch(tokenizer):
+    scheduler = make_scheduler(tokenizer, max_num_seqs=2)
+    for i in range(4):
+        add(scheduler, f"r{i}", prompt_len=2, max_tokens=3)
+    batch = step(scheduler)
+    assert len(batch.scheduled) == 2
+    assert len(scheduler.waiting) == 2
+
+
+def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later(tokenizer):
+    # 4 blocks of 4 tokens: two sequences of 8 prompt tokens fill the cache exactly.
+    scheduler = make_scheduler(tokenizer, num_blocks=4, block_size=4)
+    old = add(scheduler, "old", prompt_len=8, max_tokens=3)
+    new = add(scheduler, "new", prompt_len=8, max_tokens=3)
+    step(scheduler)
+    assert scheduler.block_manager.num_free_blocks == 0
+    batch = step(scheduler)  # both need a 3rd block for position 8: the newest gives way
+    assert [item.seq.request for item in batch.scheduled] == [old]
+    assert new.seqs[0].status is SequenceStatus.WAITING
+    assert new.seqs[0].num_computed_tokens == 0 and new.seqs[0].block_table == []
+    assert scheduler.waiting[0] is new.seqs[0]
+    assert scheduler.num_preemptions == 1
+    while scheduler.has_unfinished():
+        step(scheduler)
+    # The preempted one resumes from its prompt plus the token it had already generated.
+    assert len(new.seqs[0].output_token_ids) == 3
+    assert scheduler.block_manager.num_free_blocks == 4
+
+
+def test_abort_frees_blocks_and_drops_the_request(tokenizer):
+    scheduler = make_scheduler(tokenizer)
+    running = add(scheduler, "running", prompt_len=5, max_tokens=10)
+    step(scheduler)
+    waiting = add(scheduler, "waiting", prompt_len=5)
+    scheduler.abort(running)
+    scheduler.abort(waiting)
+    assert running.seqs[0].finish_reason == "abort" and waiting.seqs[0].finish_reason == "abort"
+    assert not scheduler.has_unfinished()
+    assert scheduler.block_manager.num_free_blocks == 64
+
+
+def test_n_greater_than_one_forks_after_the_prompt(tokenizer):
+    scheduler = make_scheduler(tokenizer)
+    request = Request("n3", None, [5, 6, 7, 8, 9, 10], SamplingParams(n=3, max_tokens=2), arrival_time=0.0)
+    scheduler.add_request(request)
+    batch = step(scheduler)
+    assert len(batch.sampling_seqs) == 3
+    assert [len(seq.output_token_ids) for seq in request.seqs] == [1, 1, 1]
+    batch = step(scheduler)
+    assert len(batch.block_copies) == 2  # two of the three write a private copy of the shared last block
+    assert request.is_finished
+    assert scheduler.block_manager.num_free_blocks == 64

@@ -36,6 +36,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, seed: int) -> None:
         self.model = loaded.model
         self.device = loaded.device
+        self.dtype = loaded.dtype
         self.block_size = cache_config.block_size
         spec = self.model.spec
         bytes_per_block = spec.kv_bytes_per_token(loaded.dtype) * self.block_size
@@ -108,7 +109,11 @@ class ModelRunner:
         lens = torch.tensor(query_lens, device=device).unsqueeze(1)
         query_positions = torch.where(offsets < lens, torch.tensor(starts, device=device).unsqueeze(1) + offsets, 0)
         key_positions = torch.arange(max_blocks * bs, device=device)
-        attend_mask = (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)).unsqueeze(1)
+        may_attend = (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)).unsqueeze(1)
+        # An additive mask in the model dtype: SDPA would otherwise convert a bool mask in every layer.
+        attend_bias = torch.zeros(may_attend.shape, dtype=self.dtype, device=device).masked_fill_(
+            ~may_attend, float("-inf")
+        )
         padded_index = None
         if any(n != max_query_len for n in query_lens):
             padded_index = torch.cat(
@@ -119,6 +124,6 @@ class ModelRunner:
             token_end=token_start + sum(query_lens),
             max_query_len=max_query_len,
             block_tables=torch.tensor(tables, dtype=torch.long, device=device),
-            attend_mask=attend_mask,
+            attend_bias=attend_bias,
             padded_index=padded_index,
         )

@@ -26,7 +26,7 @@ class AttentionGroup:
     token_end: int
     max_query_len: int  # Lq: query tokens of the longest row
     block_tables: torch.Tensor  # [B, max_blocks] int64, padded with block 0 (masked out)
-    attend_mask: torch.Tensor  # [B, 1, Lq, max_blocks * block_size] bool, True = may attend
+    attend_bias: torch.Tensor  # [B, 1, Lq, max_blocks * block_size] model dtype: 0 = may attend, -inf = may not
     padded_index: torch.Tensor | None  # [token_end - token_start] int64 row in [B * Lq]; None = no padding
 
 
@@ -52,7 +52,7 @@ def paged_attention(
     num_heads = q.shape[1]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, v)
-    out = torch.empty_like(q)
+    outputs = []
     for group in metadata.groups:
         num_rows, max_blocks = group.block_tables.shape
         context_len = max_blocks * block_size
@@ -67,10 +67,10 @@ def paged_attention(
         # queries: [B, Hq, Lq, D]
         queries = queries.view(num_rows, group.max_query_len, num_heads, head_dim).transpose(1, 2)
         attended = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=group.attend_mask, scale=scale, enable_gqa=num_heads != num_kv_heads
+            queries, keys, values, attn_mask=group.attend_bias, scale=scale, enable_gqa=num_heads != num_kv_heads
         )
         attended = attended.transpose(1, 2).reshape(num_rows * group.max_query_len, num_heads, head_dim)
         if group.padded_index is not None:
             attended = attended.index_select(0, group.padded_index)
-        out[group.token_start : group.token_end] = attended
-    return out
+        outputs.append(attended)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

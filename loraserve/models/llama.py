@@ -15,6 +15,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from loraserve.models.attention import AttentionMetadata, paged_attention
+from loraserve.models.linear import Linear, can_pack, empty_param
 from loraserve.models.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D] each
@@ -59,19 +60,15 @@ class LlamaSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.itemsize
 
 
-def _empty_param(*shape: int, dtype: torch.dtype, device: str) -> nn.Parameter:
-    # Weights are filled by the loader; skipping random init saves seconds at start.
-    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: str) -> None:
         super().__init__()
-        self.weight = _empty_param(size, dtype=dtype, device=device)
+        self.weight = empty_param(size, dtype=dtype, device=device)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # As transformers computes it: normalize in float32, scale in the model dtype.
+        # As transformers computes it: normalize in float32, scale in the model dtype. (F.rms_norm
+        # is faster but normalizes bfloat16 in bfloat16, which visibly changes greedy answers.)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -83,36 +80,33 @@ class LlamaAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
-        self.qkv_weight = _empty_param(self.q_size + 2 * self.kv_size, spec.hidden_size, dtype=dtype, device=device)
-        self.qkv_bias = (
-            _empty_param(self.q_size + 2 * self.kv_size, dtype=dtype, device=device) if spec.qkv_bias else None
-        )
-        self.o_weight = _empty_param(spec.hidden_size, self.q_size, dtype=dtype, device=device)
+        self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias, dtype, device)
+        self.o_proj = Linear(self.q_size, spec.hidden_size, False, dtype, device)
         self.scale = spec.head_dim**-0.5
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        # Rotate the query and key heads in one go: [T, Hq + Hkv, D].
+        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         attended = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale)
-        return F.linear(attended.view(num_tokens, self.q_size), self.o_weight)
+        return self.o_proj(attended.view(num_tokens, self.q_size))
 
 
 class LlamaMLP(nn.Module):
     def __init__(self, spec: LlamaSpec, dtype: torch.dtype, device: str) -> None:
         super().__init__()
         self.intermediate_size = spec.intermediate_size
-        self.gate_up_weight = _empty_param(2 * spec.intermediate_size, spec.hidden_size, dtype=dtype, device=device)
-        self.down_weight = _empty_param(spec.hidden_size, spec.intermediate_size, dtype=dtype, device=device)
+        self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, False, dtype, device)
+        self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, False, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -136,14 +130,12 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, spec: LlamaSpec, rope: RotaryEmbedding, dtype: torch.dtype, device: str) -> None:
         super().__init__()
         self.spec, self.rope, self.dtype = spec, rope, dtype
-        self.embed_tokens = _empty_param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = empty_param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, dtype, device) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        self.lm_head = (
-            self.embed_tokens
-            if spec.tie_word_embeddings
-            else _empty_param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
-        )
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, False, dtype, device)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens
 
     def forward(
         self,
@@ -164,7 +156,17 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] -> logits [S, vocab] float32."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
+
+    def pack_weights(self) -> None:
+        """After loading: pack every matmul weight for the device when that is faster (see linear.py)."""
+        if not can_pack(self.dtype, str(self.embed_tokens.device)):
+            return
+        if self.lm_head.weight is self.embed_tokens:
+            self.lm_head.weight = nn.Parameter(self.embed_tokens.detach().clone(), requires_grad=False)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, slice]]:
         """Every HF checkpoint tensor name this model needs -> (parameter, rows it fills)."""
@@ -174,7 +176,7 @@ class LlamaForCausalLM(nn.Module):
             "model.norm.weight": (self.norm.weight, whole),
         }
         if not self.spec.tie_word_embeddings:
-            targets["lm_head.weight"] = (self.lm_head, whole)
+            targets["lm_head.weight"] = (self.lm_head.weight, whole)
         for i, layer in enumerate(self.decoder_layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.self_attn, layer.mlp
@@ -184,13 +186,13 @@ class LlamaForCausalLM(nn.Module):
                 "v_proj": slice(attn.q_size + attn.kv_size, attn.q_size + 2 * attn.kv_size),
             }
             for name, rows in qkv_rows.items():
-                targets[f"{prefix}self_attn.{name}.weight"] = (attn.qkv_weight, rows)
-                if attn.qkv_bias is not None:
-                    targets[f"{prefix}self_attn.{name}.bias"] = (attn.qkv_bias, rows)
-            targets[f"{prefix}self_attn.o_proj.weight"] = (attn.o_weight, whole)
-            targets[f"{prefix}mlp.gate_proj.weight"] = (mlp.gate_up_weight, slice(0, mlp.intermediate_size))
-            targets[f"{prefix}mlp.up_proj.weight"] = (mlp.gate_up_weight, slice(mlp.intermediate_size, None))
-            targets[f"{prefix}mlp.down_proj.weight"] = (mlp.down_weight, whole)
+                targets[f"{prefix}self_attn.{name}.weight"] = (attn.qkv_proj.weight, rows)
+                if attn.qkv_proj.bias is not None:
+                    targets[f"{prefix}self_attn.{name}.bias"] = (attn.qkv_proj.bias, rows)
+            targets[f"{prefix}self_attn.o_proj.weight"] = (attn.o_proj.weight, whole)
+            targets[f"{prefix}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight, slice(0, mlp.intermediate_size))
+            targets[f"{prefix}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight, slice(mlp.intermediate_size, None))
+            targets[f"{prefix}mlp.down_proj.weight"] = (mlp.down_proj.weight, whole)
             targets[f"{prefix}input_layernorm.weight"] = (layer.input_layernorm.weight, whole)
             targets[f"{prefix}post_attention_layernorm.weight"] = (layer.post_attention_layernorm.weight, whole)
         return targets

@@ -52,6 +52,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     rope = RotaryEmbedding(hf_config, spec.head_dim, spec.max_positions, dtype, config.device)
     model = LlamaForCausalLM(spec, rope, dtype, config.device)
     _load_weights(model, model_dir)
+    model.pack_weights()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return LoadedModel(
         model=model.eval(),

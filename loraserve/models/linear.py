@@ -1,0 +1,49 @@
+"""A linear layer whose weight can be pre-packed for oneDNN on the CPU.
+
+Measured here (2 cores with AVX512-BF16/AMX): a bfloat16 decode matmul with the weight
+reordered once into oneDNN's blocked layout runs about 2x faster than `F.linear`
+(weights stream from memory every step, and the packed layout streams better), with
+bit-identical results. float32 stays on `F.linear`: packing changes its rounding,
+and float32 is the mode that must match transformers token for token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# The batch size oneDNN tunes the packed layout for; decode batches are around this.
+PACKING_BATCH_HINT = 32
+
+
+def can_pack(dtype: torch.dtype, device: str) -> bool:
+    """Packing pays (and is exact) for bfloat16 on a CPU build with oneDNN."""
+    return device == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+
+
+class Linear(nn.Module):
+    """y = x @ W^T (+ b), W: [out_features, in_features]."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, device: str) -> None:
+        super().__init__()
+        self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
+        self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
+        self.is_packed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def pack(self) -> None:
+        """Reorder the loaded weight into oneDNN's layout; call once, after loading."""
+        self.weight = nn.Parameter(
+            torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACKING_BATCH_HINT), requires_grad=False
+        )
+        self.is_packed = True
+
+
+def empty_param(*shape: int, dtype: torch.dtype, device: str) -> nn.Parameter:
+    # Weights are filled by the loader; skipping random init saves seconds at start.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)

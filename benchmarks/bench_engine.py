@@ -1,0 +1,207 @@
+"""Output tokens/s of `LLM.generate` against transformers `generate`, same prompts and lengths.
+
+transformers runs static batches (every row runs until the longest is done; only the
+requested tokens count); loraserve runs the same prompts with continuous batching at
+the same maximum batch size. EOS is ignored so both produce exactly the requested
+tokens. Runs alternate between the two systems and repeat; medians are reported.
+
+    python -m benchmarks.bench_engine            # full table into docs/benchmarks.md
+    python -m benchmarks.bench_engine --quick    # a smoke run, nothing written
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from benchmarks.report import machine_description, write_section
+from benchmarks.workloads import Workload, chat_workload
+from loraserve import LLM, SamplingParams
+from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from loraserve.engine import LLMEngine
+from loraserve.models import LoadedModel, load_model
+
+SECTION = "engine-vs-transformers"
+
+
+@dataclasses.dataclass
+class Result:
+    dtype: str
+    batch_size: int
+    system: str
+    tokens_per_s: list[float]
+
+
+def run_loraserve(loaded: LoadedModel, prompt_ids: list[list[int]], lens: list[int], batch_size: int) -> float:
+    config = EngineConfig(
+        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
+        cache=CacheConfig(kv_cache_memory=1 << 30),
+        scheduler=SchedulerConfig(max_num_seqs=batch_size),
+    )
+    llm = LLM.from_engine(LLMEngine(config, loaded=loaded))
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens]
+    start = time.perf_counter()
+    outputs = llm.generate(prompt_ids, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert [len(o.outputs[0].token_ids) for o in outputs] == lens
+    return sum(lens) / elapsed
+
+
+def run_transformers(model, tokenizer, prompt_ids: list[list[int]], lens: list[int], batch_size: int) -> float:
+    start = time.perf_counter()
+    for first in range(0, len(prompt_ids), batch_size):
+        rows, row_lens = prompt_ids[first : first + batch_size], lens[first : first + batch_size]
+        width = max(map(len, rows))
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # left padding
+        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        with torch.inference_mode():
+            model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max(row_lens),
+                min_new_tokens=max(row_lens),
+                do_sample=False,
+                pad_token_id=pad,
+            )
+    return sum(lens) / (time.perf_counter() - start)
+
+
+def bench_dtype(dtype: str, batch_sizes: list[int], workload: Workload, repeats: int) -> list[Result]:
+    loaded = load_model(ModelConfig(dtype=dtype))
+    hf_model = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).eval()
+    llm_for_ids = LLM.from_engine(LLMEngine(EngineConfig(cache=CacheConfig(num_blocks=1)), loaded=loaded))
+    all_ids = [llm_for_ids.chat_prompt_ids(conv) for conv in workload.conversations]
+    samples: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for batch_size in batch_sizes:
+        count = max(2 * batch_size, 4)  # two static batches (batch 1: four prompts one after another)
+        ids, lens = all_ids[:count], workload.output_lens[:count]
+        run_loraserve(loaded, ids[:2], [4, 4], batch_size)  # warm-up
+        for _ in range(repeats):
+            samples[(batch_size, "loraserve")].append(run_loraserve(loaded, ids, lens, batch_size))
+            samples[(batch_size, "transformers")].append(
+                run_transformers(hf_model, loaded.tokenizer, ids, lens, batch_size)
+            )
+        print(
+            f"{dtype} batch {batch_size}: loraserve {statistics.median(samples[(batch_size, 'loraserve')]):.0f} tok/s, "
+            f"transformers {statistics.median(samples[(batch_size, 'transformers')]):.0f} tok/s",
+            flush=True,
+        )
+    return [Result(dtype, b, system, values) for (b, system), values in samples.items()]
+
+
+def step_profile(dtype: str, batch_size: int, workload: Workload) -> str:
+    """Where a decode step's time goes: torch profiler self time grouped by kind of op."""
+    loaded = load_model(ModelConfig(dtype=dtype))
+    config = EngineConfig(
+        model=ModelConfig(dtype=dtype),
+        cache=CacheConfig(kv_cache_memory=1 << 30),
+        scheduler=SchedulerConfig(max_num_seqs=batch_size),
+    )
+    engine = LLMEngine(config, loaded=loaded)
+    llm = LLM.from_engine(engine)
+    params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    for i, conv in enumerate(workload.conversations[:batch_size]):
+        engine.add_request(f"p{i}", llm.chat_prompt_ids(conv), params)
+    while (
+        any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting
+    ):
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    num_steps = 20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            engine.step()
+        wall = (time.perf_counter() - start) / num_steps * 1e3
+    groups: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        groups[_op_group(event.key)] += event.self_cpu_time_total / 1e3 / num_steps
+    total_ops = sum(groups.values())
+    lines = [
+        f"Decode step, batch {batch_size}, {dtype}, context ~60-190 tokens: {wall:.1f} ms per step with the "
+        f"profiler on ({batch_size / wall * 1e3:.0f} tokens/s); op time {total_ops:.1f} ms, the rest is Python.",
+        "",
+        "| where | ms per step | share |",
+        "|---|---:|---:|",
+    ]
+    for name, ms in sorted(groups.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {name} | {ms:.2f} | {ms / wall:.0%} |")
+    lines.append(f"| Python: scheduler, input preparation, sampling bookkeeping | {wall - total_ops:.2f} | "
+                 f"{(wall - total_ops) / wall:.0%} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _op_group(op: str) -> str:
+    if "linear" in op or op in ("aten::mm", "aten::addmm"):
+        return "matmuls (q/k/v, o, gate/up, down, LM head)"
+    if "scaled_dot_product" in op:
+        return "attention (SDPA)"
+    if op in ("aten::index_select", "aten::index_copy_"):
+        return "paged KV cache: gather blocks, write new K/V"
+    if op in ("aten::max", "aten::argmax", "aten::softmax", "aten::topk", "aten::sort"):
+        return "sampling"
+    return "elementwise (norms, RoPE, SiLU, residuals) and copies"
+
+
+def render(results: list[Result], repeats: int, profile: str, command: str) -> str:
+    by_key = {(r.dtype, r.batch_size, r.system): r.tokens_per_s for r in results}
+    lines = [
+        "## Engine vs transformers (no LoRA)",
+        "",
+        f"Command: `{command}`. Machine: {machine_description()}.",
+        "",
+        "Each batch size runs `max(2 x batch, 4)` chat prompts of ~60 tokens with output lengths drawn from "
+        "[32, 128] (seeded), greedy, EOS ignored. transformers runs static batches of that size; loraserve runs "
+        f"continuous batching with `max_num_seqs` = batch. Useful output tokens per second, median of {repeats} "
+        "runs (min-max in brackets), the two systems alternating.",
+        "",
+        "| dtype | batch | loraserve tok/s | transformers tok/s | ratio |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for dtype, batch_size in sorted({(r.dtype, r.batch_size) for r in results}):
+        ours, theirs = by_key[(dtype, batch_size, "loraserve")], by_key[(dtype, batch_size, "transformers")]
+        lines.append(
+            f"| {dtype} | {batch_size} | {statistics.median(ours):.0f} ({min(ours):.0f}-{max(ours):.0f}) | "
+            f"{statistics.median(theirs):.0f} ({min(theirs):.0f}-{max(theirs):.0f}) | "
+            f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
+        )
+    lines += ["", "### Where the step time goes", "", profile, ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--min-output", type=int, default=32)
+    parser.add_argument("--max-output", type=int, default=128)
+    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+    args = parser.parse_args()
+    if args.quick:
+        args.batch_sizes, args.dtypes, args.repeats, args.min_output, args.max_output = [2], ["float32"], 1, 4, 8
+    workload = chat_workload(max(2 * max(args.batch_sizes), 4), args.min_output, args.max_output)
+    results = [r for dtype in args.dtypes for r in bench_dtype(dtype, args.batch_sizes, workload, args.repeats)]
+    if args.quick:
+        return
+    profile = step_profile("bfloat16", 32, workload)
+    print(profile)
+    command = " ".join(["python -m benchmarks.bench_engine", *sys.argv[1:]])
+    write_section(args.output, SECTION, render(results, args.repeats, profile, command))
+    print(f"wrote {args.output} ({platform.node()})")
+
+
+if __name__ == "__main__":
+    main()

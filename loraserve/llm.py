@@ -5,17 +5,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_cache_dir
 from loraserve.engine import LLMEngine, RequestOutput, SamplingParams
+from loraserve.engine.chat import Conversation, chat_prompt_ids
 from loraserve.errors import InvalidRequestError
 
 Prompt = str | list[int]  # text, or token ids
-Conversation = list[dict[str, str]]  # [{"role": "user", "content": "Hi"}, ...]
 
 
 class LLM:
@@ -90,9 +90,7 @@ class LLM:
 
     def chat_prompt_ids(self, conversation: Conversation) -> list[int]:
         """The prompt's token ids, as `apply_chat_template(..., tokenize=True)` returns them."""
-        encoded: Any = self.tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
-        # transformers 5 returns a BatchEncoding; older versions a plain list.
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        return chat_prompt_ids(self.tokenizer, conversation)
 
     def _run(
         self,

@@ -87,7 +87,11 @@ class LLMEngine:
         completions = [
             CompletionOutput(
                 index=seq.index,
-                text=self.stop_checker.final_text(seq) if seq.status is SequenceStatus.FINISHED else seq.output_text,
+                text=(
+                    self.stop_checker.final_text(seq)
+                    if seq.status is SequenceStatus.FINISHED
+                    else self.stop_checker.streamable_text(seq)
+                ),
                 token_ids=seq.output_token_ids,
                 finish_reason=seq.finish_reason,
                 logprobs=list(seq.logprobs) if request.params.logprobs is not None else None,

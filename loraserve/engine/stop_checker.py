@@ -42,6 +42,21 @@ class StopChecker:
             return seq.output_text
         return self._decode(seq)
 
+    @staticmethod
+    def streamable_text(seq: Sequence) -> str:
+        """A running sequence's text minus a tail that may be the start of a stop string.
+
+        Streaming "EN" and then finding the stop string "END" would show text that the
+        final answer does not contain, so such a tail waits for the next token.
+        """
+        text = seq.output_text
+        for stop in seq.params.stop:
+            for length in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:length]):
+                    text = text[:-length]
+                    break
+        return text
+
     def _decode(self, seq: Sequence) -> str:
         return str(self._tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
 

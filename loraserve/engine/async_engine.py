@@ -1,0 +1,105 @@
+"""The engine for the server: the step loop runs in its own thread, each request gets an async stream.
+
+The event loop never waits on a step: adding and aborting run in a worker thread and
+take the engine lock between steps; outputs come back through `call_soon_threadsafe`.
+A stream closed early (a client that went away) aborts its request and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from loraserve.engine.llm_engine import LLMEngine
+from loraserve.engine.outputs import RequestOutput
+from loraserve.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The step loop failed; no request can make progress."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+
+class AsyncLLMEngine:
+    """Owns the engine thread; the only code that calls `LLMEngine.step` in the server."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()  # held for each step, add and abort
+        self._has_work = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="loraserve-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._has_work.set()
+        self._thread.join(timeout=30)
+
+    async def generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's output after every step that touched it, the last one finished."""
+        if self._error is not None:
+            raise EngineDeadError(f"the engine stopped: {self._error}")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        await asyncio.to_thread(self._add, request_id, prompt, params, stream)
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"the engine stopped: {item}") from item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                await asyncio.to_thread(self.abort, request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+            self.engine.abort_request(request_id)
+
+    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams, stream: _Stream) -> None:
+        with self._lock:
+            self.engine.add_request(request_id, prompt, params)
+            self._streams[request_id] = stream
+        self._has_work.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            if not self.engine.has_unfinished_requests():
+                self._has_work.wait()
+                self._has_work.clear()
+                continue
+            try:
+                with self._lock:
+                    outputs = self.engine.step()
+                    deliveries = [(self._streams.get(o.request_id), o) for o in outputs]
+                    for output in outputs:
+                        if output.finished:
+                            self._streams.pop(output.request_id, None)
+            except Exception as error:  # a bug or a device failure: fail every waiting request loudly
+                logger.exception("engine step failed")
+                self._error = error
+                for waiting in self._streams.values():
+                    waiting.loop.call_soon_threadsafe(waiting.queue.put_nowait, error)
+                return
+            for receiver, output in deliveries:
+                if receiver is not None:
+                    receiver.loop.call_soon_threadsafe(receiver.queue.put_nowait, output)

@@ -1,0 +1,21 @@
+"""Chat prompts -> token ids, exactly as transformers' `apply_chat_template(..., tokenize=True)`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from loraserve.errors import InvalidRequestError
+
+Conversation = list[dict[str, str]]  # [{"role": "user", "content": "Hi"}, ...]
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, conversation: Conversation) -> list[int]:
+    """The prompt's token ids with the assistant's turn opened."""
+    try:
+        encoded: Any = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
+    except Exception as error:  # the template raises on roles or orders it does not accept
+        raise InvalidRequestError("messages", f"the chat template refused them: {error}") from error
+    # transformers 5 returns a BatchEncoding; older versions a plain list.
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

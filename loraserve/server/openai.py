@@ -1,0 +1,234 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (streamed or not)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from loraserve.engine import RequestOutput, SamplingParams, TokenLogprob
+from loraserve.engine.chat import chat_prompt_ids
+from loraserve.server.errors import NotFoundError
+from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
+from loraserve.server.state import ServerState, server_state
+
+router = APIRouter()
+
+DEFAULT_CHAT_MAX_TOKENS = 512
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    state = server_state(request)
+    return ModelList(data=[ModelCard(id=state.model_name, created=state.started_at)])
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+    state = server_state(request)
+    _check_model(state, body)
+    params = body.sampling_params(body.max_tokens, body.logprobs)
+    return await _respond(state, body, body.prompt, params, _CompletionFormat(state))
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+    state = server_state(request)
+    _check_model(state, body)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = body.sampling_params(body.effective_max_tokens(DEFAULT_CHAT_MAX_TOKENS), logprobs)
+    conversation = [message.model_dump() for message in body.messages]
+    prompt = await asyncio.to_thread(chat_prompt_ids, state.tokenizer, conversation)
+    return await _respond(state, body, prompt, params, _ChatFormat(state))
+
+
+def _check_model(state: ServerState, body: SamplingFields) -> None:
+    if body.model != state.model_name:
+        raise NotFoundError(f"model {body.model!r} does not exist; GET /v1/models lists what is served")
+
+
+async def _respond(
+    state: ServerState,
+    body: SamplingFields,
+    prompt: str | list[int],
+    params: SamplingParams,
+    fmt: _Format,
+) -> JSONResponse | StreamingResponse:
+    request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
+    outputs = state.engine.generate(request_id, prompt, params)
+    # The first output is awaited here so a refused request is a plain error, not a broken stream.
+    first = await anext(outputs)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            _sse(fmt, request_id, first, outputs, include_usage, params.n), media_type="text/event-stream"
+        )
+    final = first
+    async for final in outputs:  # noqa: B007 - only the finished output is answered
+        pass
+    return JSONResponse(fmt.response(request_id, final))
+
+
+async def _sse(
+    fmt: _Format,
+    request_id: str,
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    include_usage: bool,
+    n: int,
+) -> AsyncIterator[str]:
+    sent_text = [""] * n
+    sent_logprobs = [0] * n
+    for index in range(n):
+        opening = fmt.opening_chunk(request_id, index)
+        if opening is not None:
+            yield _event(opening)
+    output: RequestOutput | None = first
+    last = first
+    while output is not None:
+        last = output
+        for completion in output.outputs:
+            i = completion.index
+            delta = completion.text[len(sent_text[i]) :]
+            new_logprobs = (completion.logprobs or [])[sent_logprobs[i] :] if completion.logprobs is not None else None
+            if delta or completion.finish_reason is not None or new_logprobs:
+                yield _event(fmt.chunk(request_id, i, delta, completion.finish_reason, new_logprobs))
+                sent_text[i] = completion.text
+                sent_logprobs[i] += len(new_logprobs or [])
+        output = await anext(rest, None)
+    if include_usage:
+        yield _event({**fmt.envelope(request_id, chunk=True), "choices": [], "usage": _usage(last)})
+    yield "data: [DONE]\n\n"
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _usage(output: RequestOutput) -> dict[str, int]:
+    completion_tokens = sum(len(c.token_ids) for c in output.outputs)
+    prompt_tokens = len(output.prompt_token_ids)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class _Format:
+    """How one route shapes its responses and stream chunks."""
+
+    id_prefix = ""
+    object_name = ""
+    chunk_object_name = ""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.created = int(time.time())
+
+    def envelope(self, request_id: str, chunk: bool) -> dict[str, Any]:
+        return {
+            "id": request_id,
+            "object": self.chunk_object_name if chunk else self.object_name,
+            "created": self.created,
+            "model": self.state.model_name,
+        }
+
+    def response(self, request_id: str, output: RequestOutput) -> dict[str, Any]:
+        choices = [self.choice(c.index, c.text, c.finish_reason, c.logprobs) for c in output.outputs]
+        return {**self.envelope(request_id, chunk=False), "choices": choices, "usage": _usage(output)}
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.state.tokenizer.decode([token_id]))
+
+    def opening_chunk(self, request_id: str, index: int) -> dict[str, Any] | None:
+        return None
+
+    def choice(
+        self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def chunk(
+        self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _CompletionFormat(_Format):
+    id_prefix, object_name, chunk_object_name = "cmpl", "text_completion", "text_completion"
+
+    def choice(
+        self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
+    ) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+
+    def chunk(
+        self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
+    ) -> dict[str, Any]:
+        return {
+            **self.envelope(request_id, chunk=True),
+            "choices": [self.choice(index, delta, finish_reason, logprobs)],
+        }
+
+    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        if logprobs is None:
+            return None
+        return {
+            "tokens": [self.token_text(e.token_id) for e in logprobs],
+            "token_logprobs": [e.logprob for e in logprobs],
+            "top_logprobs": [{self.token_text(t): lp for t, lp in e.top.items()} for e in logprobs],
+        }
+
+
+class _ChatFormat(_Format):
+    id_prefix, object_name, chunk_object_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def choice(
+        self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
+    ) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": finish_reason,
+        }
+
+    def opening_chunk(self, request_id: str, index: int) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**self.envelope(request_id, chunk=True), "choices": [choice]}
+
+    def chunk(
+        self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
+    ) -> dict[str, Any]:
+        choice = {
+            "index": index,
+            "delta": {"content": delta} if delta else {},
+            "logprobs": self._logprobs(logprobs),
+            "finish_reason": finish_reason,
+        }
+        return {**self.envelope(request_id, chunk=True), "choices": [choice]}
+
+    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        if logprobs is None:
+            return None
+        return {"content": [self._entry(e.token_id, e.logprob, e.top) for e in logprobs]}
+
+    def _entry(self, token_id: int, logprob: float, top: dict[int, float]) -> dict[str, Any]:
+        text = self.token_text(token_id)
+        return {
+            "token": text,
+            "logprob": logprob,
+            "bytes": list(text.encode()),
+            "top_logprobs": [
+                {"token": self.token_text(t), "logprob": lp, "bytes": list(self.token_text(t).encode())}
+                for t, lp in top.items()
+            ],
+        }

@@ -24,3 +24,12 @@ class ConfigError(LoraserveError, ValueError):
     def __init__(self, flag: str, message: str) -> None:
         super().__init__(f"{flag}: {message}")
         self.flag = flag
+
+
+class AdapterError(LoraserveError, ValueError):
+    """A LoRA adapter cannot be served; `field` names the config field or file at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message

@@ -1,0 +1,1 @@
+"""LoRA adapters: reading and validating PEFT adapters (kernels and batching come next)."""

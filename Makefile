@@ -24,7 +24,7 @@ serve: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy loraserve
+	$(PY) -m mypy loraserve sgmv_kernels
 
 test: lint
 	$(PY) -m pytest

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Before anything imports sgmv_kernels: @triton.jit reads this when a kernel is defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from loraserve import LLM
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_cache_dir

@@ -1,11 +1,12 @@
-"""The scheduler side of the engine stays plain Python (it imports no torch, directly or not)."""
+"""Import directions the design relies on: a torch-free scheduler side, a self-contained kernel package."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "loraserve"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "loraserve"
 TORCH_FREE = [
     "engine/scheduler.py",
     "engine/block_manager.py",
@@ -42,3 +43,8 @@ def test_scheduler_side_imports_no_torch():
                     module = PACKAGE.parent / (name.replace(".", "/") + ".py")
                     if module.is_file():
                         todo.append(module)
+
+
+def test_sgmv_kernels_import_nothing_from_loraserve():
+    for path in (ROOT / "sgmv_kernels").glob("*.py"):
+        assert not any(name.startswith("loraserve") for name in _imports(path)), path.name

@@ -17,6 +17,7 @@ from sgmv_kernels import (
     sgmv_shrink,
     sgmv_shrink_reference,
 )
+from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
 
 RANKS = [1, 4, 8, 16, 64, 128]  # mixed in every pool
 MAX_RANK = 128
@@ -83,6 +84,23 @@ def test_bgmv_with_interleaved_adapters_equals_the_reference(in_features, out_fe
     bgmv_expand(y_ref, lora_b, ranks, scales, row_slots, out)
     bgmv_expand_reference(y_ref, lora_b, ranks, scales, row_slots, out_ref)
     torch.testing.assert_close(out, out_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_cpu_gathered_bgmv_equals_the_reference(dtype):
+    gen = torch.Generator().manual_seed(3)
+    lora_a, lora_b, ranks, scales = make_pool(6, 576, 1536, dtype, gen)
+    row_slots = torch.tensor([1, 3, -1, 1, 5, 0, 2, 4], dtype=torch.int32)
+    x = torch.randn(len(row_slots), 576, generator=gen).to(dtype)
+    y = bgmv_shrink_gathered(x, lora_a, ranks, row_slots)
+    torch.testing.assert_close(y, bgmv_shrink_reference(x, lora_a, ranks, row_slots), atol=TOLERANCE[dtype], rtol=0)
+    out = torch.randn(len(row_slots), 1536, generator=gen).to(dtype)
+    out_ref = out.clone()
+    bgmv_expand_gathered(y, lora_b, ranks, scales, row_slots, out)
+    bgmv_expand_reference(y, lora_b, ranks, scales, row_slots, out_ref)
+    torch.testing.assert_close(out, out_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    empty = torch.full((3,), -1, dtype=torch.int32)
+    assert torch.count_nonzero(bgmv_shrink_gathered(x[:3], lora_a, ranks, empty)) == 0
 
 
 def test_references_compute_the_lora_delta_at_each_rows_adapter():

@@ -1,0 +1,81 @@
+"""CPU candidates for the LoRA shrink + expand of one projection, at decode and prefill shapes.
+
+    python -m benchmarks.bench_lora_ops
+
+Candidates: the per-segment loop (the SGMV reference), gather + bmm (sgmv_kernels.cpu:
+each row's A and B gathered up to the batch's largest rank), and a loop over distinct
+adapters (rows of an adapter gathered together). Prints microseconds per shrink +
+expand, median of 30 calls.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from functools import partial
+
+import torch
+
+from sgmv_kernels import sgmv_expand_reference, sgmv_shrink_reference
+from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
+
+
+def per_segment_loop(x, lora_a, lora_b, ranks, scales, indptr, slots, out):
+    y = sgmv_shrink_reference(x, lora_a, ranks, indptr, slots)
+    sgmv_expand_reference(y, lora_b, ranks, scales, indptr, slots, out)
+
+
+def gather_bmm(x, lora_a, lora_b, ranks, scales, row_slots, out):
+    y = bgmv_shrink_gathered(x, lora_a, ranks, row_slots)
+    bgmv_expand_gathered(y, lora_b, ranks, scales, row_slots, out)
+
+
+def per_adapter_loop(x, lora_a, lora_b, ranks, scales, row_slots, out):
+    for w in row_slots.unique().tolist():
+        if w < 0:
+            continue
+        rows = (row_slots == w).nonzero().squeeze(1)
+        r = int(ranks[w])
+        out.index_add_(0, rows, ((x[rows] @ lora_a[w, :r].T) @ lora_b[w, :, :r].T * scales[w]).to(out.dtype))
+
+
+def timed(fn, repeats: int = 30) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    h_in, h_out, num_slots, max_rank = 576, 1536, 32, 16
+    for dtype in (torch.float32, torch.bfloat16):
+        lora_a = torch.randn(num_slots, max_rank, h_in).to(dtype)
+        lora_b = torch.randn(num_slots, h_out, max_rank).to(dtype)
+        ranks = torch.tensor([8, 16] * (num_slots // 2), dtype=torch.int32)
+        scales = torch.ones(num_slots)
+        for label, num_rows, rows_per_adapter in (
+            ("decode 32 rows / 32 adapters", 32, 1),
+            ("prefill 512 rows / 8", 512, 64),
+        ):
+            x = torch.randn(num_rows, h_in).to(dtype)
+            out = torch.zeros(num_rows, h_out, dtype=dtype)
+            row_slots = (torch.arange(num_rows, dtype=torch.int32) // rows_per_adapter) % num_slots
+            lengths = [rows_per_adapter] * (num_rows // rows_per_adapter)
+            indptr = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+            seg_slots = row_slots[indptr[:-1].long()]
+            weights = (x, lora_a, lora_b, ranks, scales)
+            results = {
+                "per-segment loop": timed(partial(per_segment_loop, *weights, indptr, seg_slots, out)),
+                "gather + bmm": timed(partial(gather_bmm, *weights, row_slots, out)),
+                "per-adapter loop": timed(partial(per_adapter_loop, *weights, row_slots, out)),
+            }
+            cells = ", ".join(f"{name} {us:.0f} us" for name, us in results.items())
+            print(f"{str(dtype).removeprefix('torch.')} {label}: {cells}")
+
+
+if __name__ == "__main__":
+    main()

@@ -77,10 +77,25 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """How many adapters the device holds at once, and how large they may be."""
+
+    max_loras: int = 8  # adapter slots on the device
+    max_lora_rank: int = 16  # adapters of a higher rank are refused at load
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 0:
+            raise ConfigError("--max-loras", "must be >= 0 (0 disables LoRA)")
+        if self.max_lora_rank < 1:
+            raise ConfigError("--max-lora-rank", "must be at least 1")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, one part per component."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     seed: int = 0  # seeds the sampler of requests that carry no seed of their own

@@ -14,6 +14,13 @@ class InvalidRequestError(LoraserveError, ValueError):
         self.message = message
 
 
+class UnknownAdapterError(InvalidRequestError):
+    """A request named an adapter that is not loaded (404 on the wire)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__("adapter", f"adapter {name!r} is not loaded")
+
+
 class ModelLoadError(LoraserveError):
     """The base model could not be found, converted or loaded."""
 

@@ -10,7 +10,7 @@ from typing import cast
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_cache_dir
+from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig, default_cache_dir
 from loraserve.engine import LLMEngine, RequestOutput, SamplingParams
 from loraserve.engine.chat import Conversation, chat_prompt_ids
 from loraserve.errors import InvalidRequestError
@@ -33,6 +33,8 @@ class LLM:
         kv_cache_memory: int = 2 << 30,
         num_kv_blocks: int | None = None,
         block_size: int = 16,
+        max_loras: int = 8,
+        max_lora_rank: int = 16,
         seed: int = 0,
         cache_dir: str | Path | None = None,
     ) -> None:
@@ -44,6 +46,7 @@ class LLM:
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
             ),
+            lora=LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank),
             seed=seed,
         )
         self.engine = LLMEngine(config)
@@ -61,32 +64,41 @@ class LLM:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.engine.tokenizer
 
+    def add_adapter(self, name: str, path: str | Path) -> None:
+        """Load the PEFT adapter in directory `path`; requests then name it in `adapters=`."""
+        self.engine.add_adapter(name, path)
+
+    def remove_adapter(self, name: str) -> None:
+        self.engine.remove_adapter(name)
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
+        adapters: Sequence[str | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Complete every prompt; outputs come back in the prompts' order."""
+        """Complete every prompt (with `adapters[i]`, None = base model); outputs in the prompts' order."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
         )
         batch = [cast(Prompt, prompts)] if single else list(cast(Sequence[Prompt], prompts))
-        return self._run(batch, sampling_params, use_tqdm)
+        return self._run(batch, sampling_params, adapters, use_tqdm)
 
     def chat(
         self,
         conversations: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
+        adapters: Sequence[str | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Answer each conversation, tokenized exactly as `apply_chat_template(..., tokenize=True)` does."""
         single = bool(conversations) and isinstance(conversations[0], dict)
         batch = [cast(Conversation, conversations)] if single else list(cast(Sequence[Conversation], conversations))
         prompts: list[Prompt] = [self.chat_prompt_ids(conv) for conv in batch]
-        return self._run(prompts, sampling_params, use_tqdm)
+        return self._run(prompts, sampling_params, adapters, use_tqdm)
 
     def chat_prompt_ids(self, conversation: Conversation) -> list[int]:
         """The prompt's token ids, as `apply_chat_template(..., tokenize=True)` returns them."""
@@ -96,13 +108,20 @@ class LLM:
         self,
         prompts: list[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        adapters: Sequence[str | None] | None,
         use_tqdm: bool,
     ) -> list[RequestOutput]:
         params = _params_per_prompt(sampling_params, len(prompts))
+        if adapters is None:
+            adapters = [None] * len(prompts)
+        if len(adapters) != len(prompts):
+            raise InvalidRequestError(
+                "adapters", f"got {len(adapters)} for {len(prompts)} prompts; give one per prompt"
+            )
         ids = [str(next(self._request_ids)) for _ in prompts]
         try:
-            for request_id, prompt, p in zip(ids, prompts, params, strict=True):
-                self.engine.add_request(request_id, prompt, p)
+            for request_id, prompt, p, adapter in zip(ids, prompts, params, adapters, strict=True):
+                self.engine.add_request(request_id, prompt, p, adapter=adapter)
         except Exception:
             for request_id in ids:
                 self.engine.abort_request(request_id)

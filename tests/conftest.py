@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from loraserve import LLM
-from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, default_cache_dir
+from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig, default_cache_dir
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.default_model import default_model_dir
@@ -62,11 +62,12 @@ EngineFactory = Callable[..., LLM]
 def make_llm(loaded_model: LoadedModel) -> EngineFactory:
     """An `LLM` over the shared float32 model with its own KV cache and scheduler settings."""
 
-    def make(num_kv_blocks: int = 512, **scheduler: int) -> LLM:
+    def make(num_kv_blocks: int = 512, max_loras: int = 0, max_lora_rank: int = 16, **scheduler: int) -> LLM:
         config = EngineConfig(
             model=ModelConfig(dtype="float32"),
             cache=CacheConfig(num_blocks=num_kv_blocks),
             scheduler=dataclasses.replace(SchedulerConfig(), **scheduler),
+            lora=LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank),
         )
         return LLM.from_engine(LLMEngine(config, loaded=loaded_model))
 

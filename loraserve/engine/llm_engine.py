@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
@@ -15,7 +16,8 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.stop_checker import StopChecker
-from loraserve.errors import InvalidRequestError
+from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
+from loraserve.lora.adapter import LoraAdapter, read_adapter
 from loraserve.models import LoadedModel, load_model
 
 
@@ -27,7 +29,7 @@ class LLMEngine:
         self.loaded = loaded or load_model(config.model)
         model_window = self.loaded.model.spec.max_positions
         self.max_model_len = min(config.scheduler.max_model_len or model_window, model_window)
-        self.model_runner = ModelRunner(self.loaded, config.cache, seed=config.seed)
+        self.model_runner = ModelRunner(self.loaded, config.cache, config.lora, seed=config.seed)
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.cache.block_size)
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker)
@@ -37,16 +39,44 @@ class LLMEngine:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.loaded.tokenizer
 
+    def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
+        """Read, validate and load a PEFT adapter directory under `name`; nothing changes on error."""
+        if not name or "/" in name or name == self.loaded.name:
+            raise AdapterError("name", f"{name!r} is not a valid adapter name")
+        if name in self.model_runner.adapter_slots:
+            raise AdapterError("name", f"adapter {name!r} is already loaded")
+        adapter = read_adapter(
+            Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank, base_model_name=self.loaded.name
+        )
+        self.model_runner.adapter_slots.load(name, adapter)
+        return adapter
+
+    def remove_adapter(self, name: str) -> None:
+        """Unload an adapter no unfinished request uses."""
+        if name not in self.model_runner.adapter_slots:
+            raise UnknownAdapterError(name)
+        users = [r.request_id for r in self._requests.values() if r.adapter == name]
+        if users:
+            raise InvalidRequestError("adapter", f"{name!r} is used by {len(users)} unfinished requests")
+        self.model_runner.adapter_slots.unload(name)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return self.model_runner.adapter_slots.names
+
     def add_request(
         self,
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        adapter: str | None = None,
     ) -> Request:
-        """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids)."""
+        """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids), with an adapter or none."""
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        if adapter is not None and adapter not in self.model_runner.adapter_slots:
+            raise UnknownAdapterError(adapter)
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
         self._validate_prompt(token_ids, params)
@@ -56,6 +86,7 @@ class LLMEngine:
             prompt_token_ids=token_ids,
             params=params,
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            adapter=adapter,
         )
         self._requests[request_id] = request
         self.scheduler.add_request(request)

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loraserve.config import CacheConfig
+from loraserve.config import CacheConfig, LoraConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.sampler import Sampler
+from loraserve.lora.batch import NO_ADAPTER, LoraBatch
+from loraserve.lora.slots import AdapterSlots
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata
 
@@ -28,12 +30,13 @@ class ModelInputs:
     positions: torch.Tensor  # [T] int64
     attention: AttentionMetadata
     logits_index: torch.Tensor  # [S] int64 token whose hidden state gives sampling row i
+    lora: LoraBatch | None  # None: no row uses an adapter this step
 
 
 class ModelRunner:
-    """Owns the model, the KV cache tensors and the sampler."""
+    """Owns the model, the KV cache tensors, the adapter slots and the sampler."""
 
-    def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, seed: int) -> None:
+    def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, lora_config: LoraConfig, seed: int) -> None:
         self.model = loaded.model
         self.device = loaded.device
         self.dtype = loaded.dtype
@@ -49,6 +52,9 @@ class ModelRunner:
         )  # fmt: skip
         self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(spec.num_layers)]
         self.sampler = Sampler(seed, self.device)
+        self.adapter_slots = AdapterSlots(
+            spec, lora_config.max_loras, lora_config.max_lora_rank, loaded.dtype, self.device
+        )
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
@@ -56,7 +62,7 @@ class ModelRunner:
             sources, destinations = zip(*batch.block_copies, strict=True)
             self.kv_cache[:, :, list(destinations)] = self.kv_cache[:, :, list(sources)]
         inputs = self.prepare_inputs(batch)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv_caches)  # [T, hidden]
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv_caches, inputs.lora)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_index))  # [S, vocab]
         return self.sampler(logits, batch.sampling_seqs)
 
@@ -80,6 +86,13 @@ class ModelRunner:
             positions.extend(chunk_positions.tolist())
             slots.extend((table[chunk_positions // bs] * bs + chunk_positions % bs).tolist())
             logits_index.extend([len(input_ids) - 1] * len(item.samplers))
+        scheduled = batch.scheduled
+        lora = LoraBatch.build(
+            self.adapter_slots,
+            lengths=[item.num_new_tokens for item in scheduled],
+            slot_ids=[self._slot_of(item.seq.request.adapter) for item in scheduled],
+            device=self.device,
+        )
         groups = []
         if batch.decodes:
             groups.append(self._attention_group(batch.decodes, 0))
@@ -93,7 +106,11 @@ class ModelRunner:
                 slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), groups=groups
             ),
             logits_index=torch.tensor(logits_index, dtype=torch.long, device=device),
+            lora=lora,
         )
+
+    def _slot_of(self, adapter: str | None) -> int:
+        return NO_ADAPTER if adapter is None else self.adapter_slots.slot_of(adapter)
 
     def _attention_group(self, items: list[ScheduledSequence], token_start: int) -> AttentionGroup:
         """Pad the rows to one batch: queries to the longest chunk, keys to the longest context."""

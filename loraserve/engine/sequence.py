@@ -25,6 +25,7 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
+    adapter: str | None = None  # the LoRA adapter's name; None = the base model
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None
     finished_time: float | None = None

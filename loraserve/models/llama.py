@@ -7,7 +7,7 @@ sequences, through `AttentionMetadata`. q/k/v and gate/up are fused into one mat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,12 @@ from loraserve.models.linear import Linear, can_pack, empty_param
 from loraserve.models.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D] each
+
+
+class LoraDelta(Protocol):
+    """What the model needs of LoRA: add each row's adapter delta at a projection (lora/batch.py)."""
+
+    def add(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,9 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: LlamaSpec, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, spec: LlamaSpec, layer_index: int, dtype: torch.dtype, device: str) -> None:
         super().__init__()
+        self.layer_index = layer_index
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size = spec.num_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
@@ -85,43 +92,73 @@ class LlamaAttention(nn.Module):
         self.scale = spec.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, metadata: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+        lora: LoraDelta | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        if lora is not None:
+            q_end, k_end = self.q_size, self.q_size + self.kv_size
+            lora.add(self.layer_index, "q_proj", x, qkv[:, :q_end])
+            lora.add(self.layer_index, "k_proj", x, qkv[:, q_end:k_end])
+            lora.add(self.layer_index, "v_proj", x, qkv[:, k_end:])
         # Rotate the query and key heads in one go: [T, Hq + Hkv, D].
         qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         attended = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale)
-        return self.o_proj(attended.view(num_tokens, self.q_size))
+        attended = attended.reshape(num_tokens, self.q_size)
+        out = self.o_proj(attended)
+        if lora is not None:
+            lora.add(self.layer_index, "o_proj", attended, out)
+        return out
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, spec: LlamaSpec, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, spec: LlamaSpec, layer_index: int, dtype: torch.dtype, device: str) -> None:
         super().__init__()
+        self.layer_index = layer_index
         self.intermediate_size = spec.intermediate_size
         self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, False, dtype, device)
         self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, False, dtype, device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        if lora is not None:
+            lora.add(self.layer_index, "gate_proj", x, gate)
+            lora.add(self.layer_index, "up_proj", x, up)
+        hidden = F.silu(gate) * up
+        out = self.down_proj(hidden)
+        if lora is not None:
+            lora.add(self.layer_index, "down_proj", hidden, out)
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: LlamaSpec, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, spec: LlamaSpec, layer_index: int, dtype: torch.dtype, device: str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(spec, dtype, device)
+        self.self_attn = LlamaAttention(spec, layer_index, dtype, device)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(spec, dtype, device)
+        self.mlp = LlamaMLP(spec, layer_index, dtype, device)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCache, metadata: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+        lora: LoraDelta | None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata, lora)
+        return x + self.mlp(self.post_attention_layernorm(x), lora)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -131,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.spec, self.rope, self.dtype = spec, rope, dtype
         self.embed_tokens = empty_param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, dtype, device) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, i, dtype, device) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
         self.lm_head = Linear(spec.hidden_size, spec.vocab_size, False, dtype, device)
         if spec.tie_word_embeddings:
@@ -143,11 +180,12 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [T] int64
         metadata: AttentionMetadata,
         kv_caches: list[KVCache],  # one per layer
+        lora: LoraDelta | None = None,  # None: no row of the step uses an adapter
     ) -> torch.Tensor:  # [T, hidden] after the final norm
         cos, sin = self.rope.lookup(positions)
         x = F.embedding(input_ids, self.embed_tokens)
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, metadata)
+            x = layer(x, cos, sin, kv_cache, metadata, lora)
         return self.norm(x)
 
     @property

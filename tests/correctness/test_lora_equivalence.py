@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from loraserve import SamplingParams
+from loraserve.errors import AdapterError, UnknownAdapterError
 from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.slow
@@ -115,3 +116,21 @@ def test_adapters_change_the_answer_and_removal_frees_the_slot(lora_llm, peft_re
     again = lora_llm.generate([prompt], greedy, adapters=["all-r4"], use_tqdm=False)
     assert again[0].outputs[0].token_ids == adapted.outputs[0].token_ids
     assert [e.logprob for e in again[0].outputs[0].logprobs] == pytest.approx(adapted_logprobs, abs=1e-5)
+
+
+def test_a_refused_adapter_loads_nothing(lora_llm, peft_references, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    source = peft_references["qv-r8"][0]
+    for file in source.iterdir():
+        (broken / file.name).write_bytes(file.read_bytes())
+    config = (broken / "adapter_config.json").read_text().replace('"use_dora": false', '"use_dora": true')
+    (broken / "adapter_config.json").write_text(config)
+    before = list(lora_llm.engine.adapter_names)
+    with pytest.raises(AdapterError, match="use_dora"):
+        lora_llm.add_adapter("broken", broken)
+    with pytest.raises(AdapterError, match="already loaded"):
+        lora_llm.add_adapter("qv-r8", source)
+    assert lora_llm.engine.adapter_names == before
+    with pytest.raises(UnknownAdapterError):
+        lora_llm.generate("hi", adapters=["broken"], use_tqdm=False)

@@ -45,9 +45,8 @@ class LLMEngine:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
         if name in self.model_runner.adapter_slots:
             raise AdapterError("name", f"adapter {name!r} is already loaded")
-        adapter = read_adapter(
-            Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank, base_model_name=self.loaded.name
-        )
+        base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
+        adapter = read_adapter(Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank, base_names)
         self.model_runner.adapter_slots.load(name, adapter)
         return adapter
 

@@ -95,8 +95,14 @@ def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
     }
 
 
-def read_adapter(path: Path, spec: LlamaSpec, max_rank: int, base_model_name: str | None = None) -> LoraAdapter:
-    """Read and validate the PEFT adapter in directory `path`; raises AdapterError naming the culprit."""
+def read_adapter(
+    path: Path, spec: LlamaSpec, max_rank: int, base_model_names: frozenset[str] = frozenset()
+) -> LoraAdapter:
+    """Read and validate the PEFT adapter in directory `path`; raises AdapterError naming the culprit.
+
+    `base_model_names`: names the served base model goes by; an adapter trained on a model
+    of another name is served with a warning (shapes are what must match).
+    """
     config = _read_config(path)
     rank, alpha = int(_positive_number(config, "r")), _positive_number(config, "lora_alpha")
     if rank != config["r"]:
@@ -112,8 +118,10 @@ def read_adapter(path: Path, spec: LlamaSpec, max_rank: int, base_model_name: st
     weights = _validated_weights(pairs, config, spec, rank, alpha, use_rslora, max_rank)
     adapted = {projection for _, projection in weights}
     declared_base = config.get("base_model_name_or_path")
-    if base_model_name and declared_base and Path(str(declared_base)).name != base_model_name:
-        logger.warning("adapter in %s was trained on %r, serving it on %r", path, declared_base, base_model_name)
+    if base_model_names and declared_base and Path(str(declared_base)).name not in base_model_names:
+        logger.warning(
+            "adapter in %s was trained on %r, serving it on %s", path, declared_base, sorted(base_model_names)
+        )
     return LoraAdapter(
         rank=rank,
         alpha=alpha,

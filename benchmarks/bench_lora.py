@@ -1,0 +1,144 @@
+"""Multi-LoRA throughput: 64 requests over 32 distinct adapters vs the same requests on the base model
+vs peft's mixed-adapter batch (`generate(..., adapter_names=...)`).
+
+    python -m benchmarks.bench_lora            # writes its section of docs/benchmarks.md
+    python -m benchmarks.bench_lora --quick    # smoke run, nothing written
+
+Adapters: ranks 8 and 16 alternating, all seven projections, random weights saved by peft
+(throughput does not depend on what the weights learned). Greedy, EOS ignored, bfloat16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from benchmarks.report import machine_description, write_section
+from benchmarks.workloads import chat_workload
+from loraserve import LLM, SamplingParams
+from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from loraserve.config import LoraConfig as EngineLoraConfig
+from loraserve.engine import LLMEngine
+from loraserve.models import LoadedModel, load_model
+
+SECTION = "multi-lora"
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapters(model_dir: Path, count: int, out_dir: Path, dtype: torch.dtype) -> list[Path]:
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    paths = []
+    for i in range(count):
+        torch.manual_seed(i)
+        rank = 8 if i % 2 == 0 else 16
+        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, init_lora_weights=False)
+        model = get_peft_model(base, config)
+        path = out_dir / f"adapter-{i}"
+        model.save_pretrained(path)
+        base = model.unload()
+        paths.append(path)
+    return paths
+
+
+def run_loraserve(loaded: LoadedModel, prompts, adapters, max_tokens: int, paths: list[Path]) -> float:
+    config = EngineConfig(
+        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
+        cache=CacheConfig(kv_cache_memory=1 << 30),
+        scheduler=SchedulerConfig(max_num_seqs=len(prompts)),
+        lora=EngineLoraConfig(max_loras=len(paths), max_lora_rank=16),
+    )
+    llm = LLM.from_engine(LLMEngine(config, loaded=loaded))
+    for i, path in enumerate(paths):
+        llm.add_adapter(f"adapter-{i}", path)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate(prompts, params, adapters=adapters, use_tqdm=False)
+    return len(prompts) * max_tokens / (time.perf_counter() - start)
+
+
+def run_peft(model: PeftModel, tokenizer, prompts, adapters, max_tokens: int) -> float:
+    width = max(map(len, prompts))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            adapter_names=[a if a is not None else "__base__" for a in adapters],
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+    return len(prompts) * max_tokens / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--adapters", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.adapters, args.max_tokens, args.repeats = 4, 2, 4, 1
+    loaded = load_model(ModelConfig(dtype="bfloat16"))
+    workload = chat_workload(args.requests, args.max_tokens, args.max_tokens)
+    llm_for_ids = LLM.from_engine(LLMEngine(EngineConfig(cache=CacheConfig(num_blocks=1)), loaded=loaded))
+    prompts = [llm_for_ids.chat_prompt_ids(conv) for conv in workload.conversations]
+    names = [f"adapter-{i % args.adapters}" for i in range(args.requests)]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = make_adapters(loaded.model_dir, args.adapters, Path(tmp), loaded.dtype)
+        base = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype)
+        peft_model = PeftModel.from_pretrained(base, paths[0], adapter_name="adapter-0")
+        for i, path in enumerate(paths[1:], start=1):
+            peft_model.load_adapter(path, adapter_name=f"adapter-{i}")
+        peft_model.eval()
+        samples: dict[str, list[float]] = {"lora": [], "base": [], "peft": []}
+        for _ in range(args.repeats):
+            samples["lora"].append(run_loraserve(loaded, prompts, names, args.max_tokens, paths))
+            samples["base"].append(run_loraserve(loaded, prompts, [None] * len(prompts), args.max_tokens, paths))
+            samples["peft"].append(run_peft(peft_model, loaded.tokenizer, prompts, names, args.max_tokens))
+            print({k: f"{v[-1]:.0f} tok/s" for k, v in samples.items()}, flush=True)
+    if args.quick:
+        return
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    spread = {k: f"{min(v):.0f}-{max(v):.0f}" for k, v in samples.items()}
+    command = " ".join(["python -m benchmarks.bench_lora", *sys.argv[1:]])
+    body = "\n".join(
+        [
+            "## Multi-LoRA throughput",
+            "",
+            f"Command: `{command}`. Machine: {machine_description()}.",
+            "",
+            f"{args.requests} requests of ~60 prompt tokens over {args.adapters} distinct adapters (ranks 8 and 16 "
+            f"alternating, all seven projections), {args.max_tokens} new tokens each, greedy, EOS ignored, bfloat16, "
+            f"all requests in one batch. Output tokens/s, median of {args.repeats} runs (min-max).",
+            "",
+            "| system | tok/s | ratio |",
+            "|---|---:|---:|",
+            f"| loraserve, base model only (same requests) | {median['base']:.0f} ({spread['base']}) | 1.00 |",
+            f"| loraserve, {args.adapters} adapters | {median['lora']:.0f} ({spread['lora']}) | "
+            f"{median['lora'] / median['base']:.2f} of base |",
+            f"| peft mixed-adapter batch | {median['peft']:.0f} ({spread['peft']}) | loraserve is "
+            f"{median['lora'] / median['peft']:.1f}x peft |",
+        ]
+    )
+    write_section(args.output, SECTION, body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,10 +24,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.report import machine_description, write_section
-from benchmarks.workloads import Workload, chat_workload
+from benchmarks.workloads import Workload, chat_workload, left_padded
 from loraserve import LLM, SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from loraserve.engine import LLMEngine
+from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 
 SECTION = "engine-vs-transformers"
@@ -60,10 +61,8 @@ def run_transformers(model, tokenizer, prompt_ids: list[list[int]], lens: list[i
     start = time.perf_counter()
     for first in range(0, len(prompt_ids), batch_size):
         rows, row_lens = prompt_ids[first : first + batch_size], lens[first : first + batch_size]
-        width = max(map(len, rows))
         pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # left padding
-        attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        input_ids, attention_mask = left_padded(rows, pad)
         with torch.inference_mode():
             model.generate(
                 input_ids=input_ids,
@@ -79,8 +78,7 @@ def run_transformers(model, tokenizer, prompt_ids: list[list[int]], lens: list[i
 def bench_dtype(dtype: str, batch_sizes: list[int], workload: Workload, repeats: int) -> list[Result]:
     loaded = load_model(ModelConfig(dtype=dtype))
     hf_model = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).eval()
-    llm_for_ids = LLM.from_engine(LLMEngine(EngineConfig(cache=CacheConfig(num_blocks=1)), loaded=loaded))
-    all_ids = [llm_for_ids.chat_prompt_ids(conv) for conv in workload.conversations]
+    all_ids = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     samples: dict[tuple[int, str], list[float]] = defaultdict(list)
     for batch_size in batch_sizes:
         count = max(2 * batch_size, 4)  # two static batches (batch 1: four prompts one after another)
@@ -108,10 +106,9 @@ def step_profile(dtype: str, batch_size: int, workload: Workload) -> str:
         scheduler=SchedulerConfig(max_num_seqs=batch_size),
     )
     engine = LLMEngine(config, loaded=loaded)
-    llm = LLM.from_engine(engine)
     params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     for i, conv in enumerate(workload.conversations[:batch_size]):
-        engine.add_request(f"p{i}", llm.chat_prompt_ids(conv), params)
+        engine.add_request(f"p{i}", chat_prompt_ids(loaded.tokenizer, conv), params)
     while (
         any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting
     ):

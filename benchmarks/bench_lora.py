@@ -22,11 +22,12 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from benchmarks.report import machine_description, write_section
-from benchmarks.workloads import chat_workload
+from benchmarks.workloads import chat_workload, left_padded
 from loraserve import LLM, SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from loraserve.config import LoraConfig as EngineLoraConfig
 from loraserve.engine import LLMEngine
+from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 
 SECTION = "multi-lora"
@@ -65,10 +66,8 @@ def run_loraserve(loaded: LoadedModel, prompts, adapters, max_tokens: int, paths
 
 
 def run_peft(model: PeftModel, tokenizer, prompts, adapters, max_tokens: int) -> float:
-    width = max(map(len, prompts))
     pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    input_ids, attention_mask = left_padded(prompts, pad)
     start = time.perf_counter()
     with torch.inference_mode():
         model.generate(
@@ -96,8 +95,7 @@ def main() -> None:
         args.requests, args.adapters, args.max_tokens, args.repeats = 4, 2, 4, 1
     loaded = load_model(ModelConfig(dtype="bfloat16"))
     workload = chat_workload(args.requests, args.max_tokens, args.max_tokens)
-    llm_for_ids = LLM.from_engine(LLMEngine(EngineConfig(cache=CacheConfig(num_blocks=1)), loaded=loaded))
-    prompts = [llm_for_ids.chat_prompt_ids(conv) for conv in workload.conversations]
+    prompts = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     names = [f"adapter-{i % args.adapters}" for i in range(args.requests)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_adapters(loaded.model_dir, args.adapters, Path(tmp), loaded.dtype)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import torch
+
 SUBJECTS = [
     "a lighthouse keeper",
     "a retired astronaut",
@@ -51,3 +53,11 @@ def chat_workload(num_prompts: int, min_output: int, max_output: int, seed: int 
         ask = ASKS[i % len(ASKS)].format(s=SUBJECTS[(i // len(ASKS) + i) % len(SUBJECTS)])
         conversations.append([{"role": "user", "content": f"Request {i}. {ask}"}])
     return Workload(conversations, [rng.randint(min_output, max_output) for _ in range(num_prompts)])
+
+
+def left_padded(prompts: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and attention_mask [B, longest] for transformers' `generate`, padded on the left."""
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return input_ids, attention_mask

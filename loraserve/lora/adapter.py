@@ -8,7 +8,6 @@ file, never silently ignored.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -21,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from loraserve.errors import AdapterError
+from loraserve.file_digest import sha256_of_files
 from loraserve.models.llama import LlamaSpec
 
 logger = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ def read_adapter(
         target_modules=tuple(p for p in PROJECTIONS if p in adapted or p in target_modules),
         weights=weights,
         base_model_name=declared_base,
-        sha256=_content_hash(path / CONFIG_FILE, weights_path),
+        sha256=sha256_of_files(path / CONFIG_FILE, weights_path),
         num_bytes=weights_path.stat().st_size,
     )
 
@@ -243,12 +243,3 @@ def _read_tensors(weights_path: Path) -> dict[str, torch.Tensor]:
             return {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a Mapping
     except (SafetensorError, OSError, ValueError) as error:
         raise AdapterError(WEIGHTS_FILE, f"cannot be read (truncated or not safetensors): {error}") from error
-
-
-def _content_hash(*files: Path) -> str:
-    digest = hashlib.sha256()
-    for file in files:
-        with file.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()

@@ -69,8 +69,8 @@ class AdapterSlots:
         if not free:
             raise AdapterError("name", f"all {self.num_slots} adapter slots are in use; remove one or raise max_loras")
         slot = free[0]
-        if adapter.rank > self.max_rank or any(w.rank > self.max_rank for w in adapter.weights.values()):
-            raise AdapterError("r", f"rank above the configured maximum {self.max_rank}")
+        # read_adapter already refused ranks above the maximum the slots were sized for.
+        assert all(w.rank <= self.max_rank for w in adapter.weights.values()), "adapter read with another max rank"
         for layer_index, layer in enumerate(self.layers):
             for projection in PROJECTIONS:
                 weights = adapter.weights.get((layer_index, projection))

@@ -7,7 +7,6 @@ directory like any `--model PATH`.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import logging
 import os
@@ -16,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from loraserve.errors import ModelLoadError
+from loraserve.file_digest import sha256_of_files
 
 logger = logging.getLogger(__name__)
 
@@ -39,18 +39,10 @@ def find_default_gguf() -> Path:
     return path
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()[:16]
-
-
 def default_model_dir(cache_dir: Path) -> Path:
     """Return the safetensors directory of the default model, converting the GGUF on first use."""
     gguf = find_default_gguf()
-    target = cache_dir / "models" / f"{MODEL_NAME}-{_file_digest(gguf)}"
+    target = cache_dir / "models" / f"{MODEL_NAME}-{sha256_of_files(gguf)[:16]}"
     if (target / COMPLETE_MARKER).is_file():
         return target
     logger.warning("Converting %s to safetensors (one time, ~20 s) into %s", gguf.name, target)

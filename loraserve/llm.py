@@ -65,7 +65,10 @@ class LLM:
         return self.engine.tokenizer
 
     def add_adapter(self, name: str, path: str | Path) -> None:
-        """Load the PEFT adapter in directory `path`; requests then name it in `adapters=`."""
+        """Serve the PEFT adapter in directory `path`; requests name it in `adapters=`.
+
+        Any number may be added; `max_loras` bounds how many distinct ones run in one step.
+        """
         self.engine.add_adapter(name, path)
 
     def remove_adapter(self, name: str) -> None:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -51,13 +54,13 @@ class AsyncLLMEngine:
         self._thread.join(timeout=30)
 
     async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's output after every step that touched it, the last one finished."""
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped: {self._error}")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        await asyncio.to_thread(self._add, request_id, prompt, params, stream)
+        await asyncio.to_thread(self._add, request_id, prompt, params, adapter, stream)
         finished = False
         try:
             while not finished:
@@ -70,14 +73,30 @@ class AsyncLLMEngine:
             if not finished:
                 await asyncio.to_thread(self.abort, request_id)
 
+    async def call(self, action: Callable[[LLMEngine], T]) -> T:
+        """Run `action` on the engine between two steps (adapter changes, pool statistics)."""
+
+        def locked() -> T:
+            with self._lock:
+                return action(self.engine)
+
+        return await asyncio.to_thread(locked)
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._streams.pop(request_id, None)
             self.engine.abort_request(request_id)
 
-    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams, stream: _Stream) -> None:
+    def _add(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        adapter: str | None,
+        stream: _Stream,
+    ) -> None:
         with self._lock:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, adapter=adapter)
             self._streams[request_id] = stream
         self._has_work.set()
 

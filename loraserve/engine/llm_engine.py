@@ -15,9 +15,11 @@ from loraserve.engine.outputs import CompletionOutput, RequestOutput, RequestTim
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
+from loraserve.engine.stats import EngineStats, ResidentAdapter
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
+from loraserve.lora.manager import AdapterManager
 from loraserve.models import LoadedModel, load_model
 
 
@@ -32,36 +34,43 @@ class LLMEngine:
         self.model_runner = ModelRunner(self.loaded, config.cache, config.lora, seed=config.seed)
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.cache.block_size)
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker)
+        self.adapters = AdapterManager(self.model_runner.adapter_slots)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
         self._requests: dict[str, Request] = {}
+        self._retiring: set[str] = set()  # removed adapters whose last requests still run
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.loaded.tokenizer
 
-    def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
-        """Read, validate and load a PEFT adapter directory under `name`; nothing changes on error."""
+    def read_adapter(self, path: str | Path) -> LoraAdapter:
+        """Read and validate a PEFT adapter directory against this base model; raises AdapterError."""
+        base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
+        return read_adapter(Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank, base_names)
+
+    def add_adapter(self, name: str, source: str | Path | LoraAdapter) -> LoraAdapter:
+        """Serve an adapter (a PEFT directory, or one `read_adapter` returned) under `name`.
+
+        Nothing changes on error. It takes a device slot at its first request.
+        """
         if not name or "/" in name or name == self.loaded.name:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
-        if name in self.model_runner.adapter_slots:
-            raise AdapterError("name", f"adapter {name!r} is already loaded")
-        base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
-        adapter = read_adapter(Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank, base_names)
-        self.model_runner.adapter_slots.load(name, adapter)
+        if name in self._retiring:
+            raise AdapterError("name", f"adapter {name!r} was removed and its last requests still run; retry soon")
+        adapter = source if isinstance(source, LoraAdapter) else self.read_adapter(source)
+        self.adapters.register(name, adapter)
         return adapter
 
     def remove_adapter(self, name: str) -> None:
-        """Unload an adapter no unfinished request uses."""
-        if name not in self.model_runner.adapter_slots:
+        """Stop accepting requests for the adapter; the ones already queued or running finish with it."""
+        if name not in self.adapters or name in self._retiring:
             raise UnknownAdapterError(name)
-        users = [r.request_id for r in self._requests.values() if r.adapter == name]
-        if users:
-            raise InvalidRequestError("adapter", f"{name!r} is used by {len(users)} unfinished requests")
-        self.model_runner.adapter_slots.unload(name)
+        self._retiring.add(name)
+        self._forget_retired_adapters()
 
     @property
     def adapter_names(self) -> list[str]:
-        return self.model_runner.adapter_slots.names
+        return [name for name in self.adapters.names if name not in self._retiring]
 
     def add_request(
         self,
@@ -74,7 +83,7 @@ class LLMEngine:
         """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids), with an adapter or none."""
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
-        if adapter is not None and adapter not in self.model_runner.adapter_slots:
+        if adapter is not None and (adapter not in self.adapters or adapter in self._retiring):
             raise UnknownAdapterError(adapter)
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
@@ -95,6 +104,34 @@ class LLMEngine:
         request = self._requests.pop(request_id, None)
         if request is not None:
             self.scheduler.abort(request)
+            self._forget_retired_adapters()
+
+    def stats(self) -> EngineStats:
+        adapters, slots = self.adapters, self.model_runner.adapter_slots
+        device = [
+            ResidentAdapter(
+                name=name,
+                slot=slots.slot_of(name),
+                rank=adapters.adapter(name).rank,
+                num_bytes=adapters.adapter(name).num_bytes,
+                pinned=adapters.is_pinned(name),
+            )
+            for name in slots.names
+        ]
+        return EngineStats(
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
+            block_size=self.block_manager.block_size,
+            adapter_slots_total=slots.num_slots,
+            device_adapters=device,
+            host_adapters=[name for name in adapters.names if name not in slots],
+            adapter_loads=adapters.stats.loads,
+            adapter_evictions=adapters.stats.evictions,
+            adapter_load_seconds_total=adapters.stats.load_seconds_total,
+            running_sequences=len(self.scheduler.running),
+            waiting_sequences=len(self.scheduler.waiting),
+            preemptions=self.scheduler.num_preemptions,
+        )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -107,10 +144,18 @@ class LLMEngine:
         output = self.model_runner.run(batch)
         touched = self.scheduler.postprocess(batch, output)
         results = [self.request_output(request) for request in touched]
-        for request in touched:
-            if request.is_finished:
-                del self._requests[request.request_id]
+        finished = [request for request in touched if request.is_finished]
+        for request in finished:
+            del self._requests[request.request_id]
+        if finished:
+            self._forget_retired_adapters()
         return results
+
+    def _forget_retired_adapters(self) -> None:
+        in_use = {request.adapter for request in self._requests.values()}
+        for name in self._retiring - in_use:
+            self.adapters.unregister(name)
+            self._retiring.discard(name)
 
     def request_output(self, request: Request) -> RequestOutput:
         seqs = sorted(request.seqs, key=lambda s: s.index)
@@ -125,6 +170,7 @@ class LLMEngine:
                 token_ids=seq.output_token_ids,
                 finish_reason=seq.finish_reason,
                 logprobs=list(seq.logprobs) if request.params.logprobs is not None else None,
+                stop_reason=seq.stop_reason,
             )
             for seq in seqs
         ]

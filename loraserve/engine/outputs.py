@@ -33,6 +33,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", "abort" or None while running
     logprobs: list[TokenLogprob] | None = None
+    stop_reason: int | str | None = None  # with "stop": the stop token id or the stop string
 
 
 @dataclass

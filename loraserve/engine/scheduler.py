@@ -5,6 +5,8 @@ waiting ones while the token budget, the sequence limit and the free KV blocks a
 A prompt longer than the remaining budget is computed in chunks over several steps.
 When a running sequence cannot get a block, the most recently admitted ones are
 preempted: their blocks are freed and they are recomputed later from their tokens.
+A waiting sequence whose adapter cannot be made resident yet is passed over; the
+ones behind it may still start.
 
 Plain Python, no torch: tested without a model.
 """
@@ -15,6 +17,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from loraserve.config import SchedulerConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
@@ -26,6 +29,14 @@ from loraserve.engine.stop_checker import StopChecker
 WATERMARK_FRACTION = 0.01
 
 
+class AdapterResidency(Protocol):
+    """What the scheduler needs from the adapter manager."""
+
+    def acquire(self, name: str) -> bool: ...  # resident for one more running sequence, or False
+
+    def release(self, name: str) -> None: ...
+
+
 class Scheduler:
     """Owns the waiting and running queues and every sequence's status."""
 
@@ -34,9 +45,11 @@ class Scheduler:
         config: SchedulerConfig,
         block_manager: BlockManager,
         stop_checker: StopChecker,
+        adapters: AdapterResidency,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self.adapters = adapters
         self.block_manager = block_manager
         self.stop_checker = stop_checker
         self.clock = clock
@@ -89,12 +102,16 @@ class Scheduler:
         kept_ids = {seq.seq_id for seq in kept}
         self.running = [seq for seq in self.running if seq.seq_id in kept_ids]
         # Admitting new work right after preempting would only preempt again.
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs or preempted:
+                break
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
                 break
-            self.waiting.popleft()
+            adapter = seq.request.adapter
+            if adapter is not None and not self.adapters.acquire(adapter):
+                continue
+            self.waiting.remove(seq)
             copies += self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             if seq.request.first_scheduled_time is None:
@@ -150,6 +167,8 @@ class Scheduler:
             child = seq.fork(next(self._seq_ids), index=len(seq.request.seqs))
             child.num_computed_tokens = seq.num_computed_tokens + num_new  # as the parent's after this step
             self.block_manager.fork(seq, child)
+            if child.request.adapter is not None:
+                self.adapters.acquire(child.request.adapter)  # resident: the parent is running with it
             seq.request.seqs.append(child)
             self.running.append(child)
             forks.append(child)
@@ -157,6 +176,7 @@ class Scheduler:
         return forks
 
     def _preempt(self, seq: Sequence) -> None:
+        self._stop_running(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -169,5 +189,10 @@ class Scheduler:
         self.block_manager.free(seq)
         if seq in self.running:
             self.running.remove(seq)
+            self._stop_running(seq)
         if seq.request.is_finished:
             seq.request.finished_time = now
+
+    def _stop_running(self, seq: Sequence) -> None:
+        if seq.request.adapter is not None:
+            self.adapters.release(seq.request.adapter)

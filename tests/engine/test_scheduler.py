@@ -12,6 +12,7 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.stop_checker import StopChecker
+from tests.lora.tiny_adapters import tiny_adapter, tiny_adapter_manager
 
 EOS = 2
 
@@ -21,18 +22,22 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def make_scheduler(tokenizer, num_blocks=64, block_size=4, **config) -> Scheduler:
-    manager = BlockManager(num_blocks, block_size)
-    return Scheduler(SchedulerConfig(**config), manager, StopChecker(tokenizer, frozenset({EOS}), max_model_len=1024))
+def make_scheduler(tokenizer, num_blocks=64, block_size=4, adapters=None, **config) -> Scheduler:
+    blocks = BlockManager(num_blocks, block_size)
+    stop_checker = StopChecker(tokenizer, frozenset({EOS}), max_model_len=1024)
+    return Scheduler(SchedulerConfig(**config), blocks, stop_checker, adapters or tiny_adapter_manager(num_slots=1))
 
 
-def add(scheduler: Scheduler, request_id: str, prompt_len: int, max_tokens: int = 4) -> Request:
+def add(
+    scheduler: Scheduler, request_id: str, prompt_len: int, max_tokens: int = 4, adapter: str | None = None
+) -> Request:
     request = Request(
         request_id=request_id,
         prompt=None,
         prompt_token_ids=[100 + i for i in range(prompt_len)],
         params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
         arrival_time=0.0,
+        adapter=adapter,
     )
     scheduler.add_request(request)
     return request
@@ -148,3 +153,22 @@ def test_n_greater_than_one_forks_after_the_prompt(tokenizer):
     assert len(batch.block_copies) == 2  # two of the three write a private copy of the shared last block
     assert request.is_finished
     assert scheduler.block_manager.num_free_blocks == 64
+
+
+
+def test_a_request_whose_adapter_has_no_free_slot_waits_while_later_ones_run(tokenizer):
+    adapters = tiny_adapter_manager(num_slots=1)
+    adapters.register("a", tiny_adapter(0))
+    adapters.register("b", tiny_adapter(1))
+    scheduler = make_scheduler(tokenizer, adapters=adapters)
+    add(scheduler, "r-a", prompt_len=2, max_tokens=2, adapter="a")
+    b = add(scheduler, "r-b", prompt_len=2, max_tokens=2, adapter="b")
+    add(scheduler, "r-base", prompt_len=2, max_tokens=2)
+    batch = step(scheduler)
+    assert [item.seq.request.request_id for item in batch.scheduled] == ["r-a", "r-base"]
+    assert adapters.slots.names == ["a"]
+    step(scheduler)  # a's request finishes: its slot is free for b at the next step
+    batch = step(scheduler)
+    assert [item.seq.request for item in batch.scheduled] == [b]
+    assert adapters.slots.names == ["b"], "a was evicted once it had no running sequence"
+    assert adapters.stats.evictions == 1

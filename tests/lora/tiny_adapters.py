@@ -1,0 +1,34 @@
+"""A tiny model shape and adapters for it: manager and scheduler tests need no real model."""
+
+from __future__ import annotations
+
+import torch
+
+from loraserve.lora.adapter import LoraAdapter, LoraWeights
+from loraserve.lora.manager import AdapterManager
+from loraserve.lora.slots import AdapterSlots
+from loraserve.models.llama import LlamaSpec
+
+TINY_SPEC = LlamaSpec(
+    vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+    head_dim=4, rms_norm_eps=1e-6, max_positions=64, tie_word_embeddings=True, qkv_bias=False,
+)  # fmt: skip
+
+
+def tiny_adapter(seed: int, rank: int = 2) -> LoraAdapter:
+    """An adapter of q_proj on every layer with random weights."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = {
+        (layer, "q_proj"): LoraWeights(
+            a=torch.randn(rank, 8, generator=generator), b=torch.randn(8, rank, generator=generator), scale=2.0
+        )
+        for layer in range(TINY_SPEC.num_layers)
+    }
+    return LoraAdapter(
+        rank=rank, alpha=2.0 * rank, use_rslora=False, target_modules=("q_proj",), weights=weights,
+        base_model_name=None, sha256=f"{seed:064x}", num_bytes=0,
+    )  # fmt: skip
+
+
+def tiny_adapter_manager(num_slots: int, max_rank: int = 4) -> AdapterManager:
+    return AdapterManager(AdapterSlots(TINY_SPEC, num_slots, max_rank, torch.float32, "cpu"))

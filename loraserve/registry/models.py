@@ -1,0 +1,73 @@
+"""The registry's one table, `adapters`: what was uploaded, under which name, and how much it served.
+
+The schema changes only through Alembic (`migrations/`); a test checks that these models
+and the migrations agree.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import BigInteger, CheckConstraint, DateTime, Dialect, Float, Integer, String, Text, TypeDecorator
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class AdapterStatus(StrEnum):
+    """Whether an adapter may be served; a failed one keeps its row so the reason can be shown."""
+
+    READY = "ready"
+    FAILED = "failed"
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timezone-aware datetime, always returned in UTC.
+
+    SQLite stores no time zone and PostgreSQL returns the session's zone, so values are
+    written as UTC and normalized to UTC when read.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.astimezone(UTC)
+
+    def process_result_value(self, value: Any | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AdapterRow(Base):
+    """One registered adapter. Its files live in the file store under `sha256`, shared by equal uploads."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (CheckConstraint("status IN ('ready', 'failed')", name="ck_adapters_status"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True, index=True)
+    base_model: Mapped[str] = mapped_column(String(256))
+    rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    target_modules: Mapped[str] = mapped_column(String(256))  # comma-separated projection names
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    status: Mapped[str] = mapped_column(String(16), default=AdapterStatus.READY.value)
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    description: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    request_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    prompt_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    completion_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")

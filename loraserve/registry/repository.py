@@ -1,0 +1,214 @@
+"""The adapter registry: names -> records in the database, files in the content-addressed store.
+
+Every method runs its own short transaction and may be called from any thread. Creates
+and deletes hold one lock, so "do other rows still use these files?" and the file change
+it decides never interleave with another create or delete (in this process; processes
+sharing one database and store are not coordinated).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraserve.errors import AdapterExistsError, AdapterNotFoundError, RegistryError
+from loraserve.registry.adapter_info import AdapterInfo
+from loraserve.registry.adapter_name import validate_adapter_name
+from loraserve.registry.database import check_database, create_registry_engine, driver_message, masked_url
+from loraserve.registry.file_store import FileStore
+from loraserve.registry.models import AdapterRow, AdapterStatus, utc_now
+
+if TYPE_CHECKING:
+    from loraserve.lora.adapter import LoraAdapter
+
+logger = logging.getLogger(__name__)
+
+
+class _Unset(Enum):
+    """Marks an `update` argument left out (unchanged), as opposed to None (cleared)."""
+
+    UNSET = "unset"
+
+
+class Registry:
+    """Registered adapters: rows in the database at `url`, files in `store`. Owns both."""
+
+    def __init__(self, url: str, store: FileStore) -> None:
+        self.store = store
+        self._url = masked_url(url)
+        self._engine = create_registry_engine(url)
+        try:
+            check_database(self._engine)
+        except RegistryError:
+            self._engine.dispose()
+            raise
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        self._files_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the database connections."""
+        self._engine.dispose()
+
+    def create(
+        self,
+        name: str,
+        source_dir: Path,
+        adapter: LoraAdapter,
+        base_model: str,
+        system_prompt: str | None = None,
+        description: str | None = None,
+    ) -> AdapterInfo:
+        """Register the validated adapter read from `source_dir` under `name`; on failure nothing is kept."""
+        validate_adapter_name(name)
+        if self.get(name) is not None:
+            raise AdapterExistsError(name)
+        row = AdapterRow(
+            name=name,
+            base_model=base_model,
+            rank=adapter.rank,
+            alpha=adapter.alpha,
+            target_modules=",".join(adapter.target_modules),
+            size_bytes=adapter.num_bytes,
+            sha256=adapter.sha256,
+            system_prompt=system_prompt,
+            description=description,
+        )  # status, timestamps and counters take the column defaults, filled in on insert
+        with self._files_lock:
+            # Under the lock, files present before `put` belong to other rows (or to none yet).
+            had_files = self.store.path_of(adapter.sha256).is_dir()
+            self.store.put(source_dir, adapter.sha256)
+            try:
+                self._insert(row)
+            except BaseException:
+                if not had_files:
+                    self.store.remove(adapter.sha256)
+                raise
+        return AdapterInfo.of(row)
+
+    def list(self) -> builtins.list[AdapterInfo]:
+        """Every adapter, ordered by name."""
+        with self._session("list adapters") as session:
+            return [AdapterInfo.of(row) for row in session.scalars(select(AdapterRow).order_by(AdapterRow.name))]
+
+    def get(self, name: str) -> AdapterInfo | None:
+        """The adapter named `name`, or None."""
+        with self._session(f"read adapter {name!r}") as session:
+            row = session.scalar(select(AdapterRow).where(AdapterRow.name == name))
+            return None if row is None else AdapterInfo.of(row)
+
+    def update(
+        self,
+        name: str,
+        *,
+        description: str | _Unset | None = _Unset.UNSET,
+        system_prompt: str | _Unset | None = _Unset.UNSET,
+    ) -> AdapterInfo:
+        """Change the given fields (None clears one, a left-out one stays); raises AdapterNotFoundError."""
+        changes = {"description": description, "system_prompt": system_prompt}
+        return self._change(name, **{key: value for key, value in changes.items() if value is not _Unset.UNSET})
+
+    def mark_failed(self, name: str, reason: str) -> AdapterInfo:
+        """Stop serving the adapter, recording why; raises AdapterNotFoundError."""
+        return self._change(name, status=AdapterStatus.FAILED.value, status_reason=reason)
+
+    def mark_ready(self, name: str) -> AdapterInfo:
+        """Serve the adapter again; raises AdapterNotFoundError."""
+        return self._change(name, status=AdapterStatus.READY.value, status_reason=None)
+
+    def delete(self, name: str) -> AdapterInfo:
+        """Unregister the adapter; its files go too unless another adapter has the same content."""
+        with self._files_lock:
+            with self._session(f"delete adapter {name!r}") as session:
+                row = self._row(session, name)
+                info = AdapterInfo.of(row)
+                session.delete(row)
+                session.commit()
+            with self._session(f"delete adapter {name!r}") as session:
+                num_users = session.scalar(select(func.count()).where(AdapterRow.sha256 == info.sha256))
+            if not num_users:
+                try:
+                    self.store.remove(info.sha256)
+                except OSError as error:  # the row is gone: orphaned files are only wasted space
+                    logger.warning("adapter %r deleted, but its files stay: %s", name, error)
+        return info
+
+    def add_usage(self, name: str, requests: int, prompt_tokens: int, completion_tokens: int) -> None:
+        """Add to the adapter's counters in one atomic UPDATE; usage of an adapter deleted meanwhile is dropped."""
+        with self._session(f"count usage of adapter {name!r}") as session:
+            session.execute(
+                update(AdapterRow)
+                .where(AdapterRow.name == name)
+                .values(
+                    request_count=AdapterRow.request_count + requests,
+                    prompt_token_count=AdapterRow.prompt_token_count + prompt_tokens,
+                    completion_token_count=AdapterRow.completion_token_count + completion_tokens,
+                )
+            )
+            session.commit()
+
+    def verify_all(self) -> builtins.list[AdapterInfo]:
+        """Re-hash every ready adapter's stored files, mark those missing or changed failed; returns all adapters."""
+        reasons: dict[str, str | None] = {}  # sha256 -> FileStore.verify, once per shared directory
+        for info in self.list():
+            if info.status is not AdapterStatus.READY:
+                continue
+            if info.sha256 not in reasons:
+                reasons[info.sha256] = self.store.verify(info.sha256)
+            reason = reasons[info.sha256]
+            if reason is not None:
+                logger.warning("adapter %r marked failed: %s", info.name, reason)
+                with contextlib.suppress(AdapterNotFoundError):  # deleted meanwhile
+                    self.mark_failed(info.name, reason)
+        return self.list()
+
+    def files_of(self, info: AdapterInfo) -> Path:
+        """The directory holding the adapter's adapter_config.json and adapter_model.safetensors."""
+        return self.store.path_of(info.sha256)
+
+    def _insert(self, row: AdapterRow) -> None:
+        with self._session(f"register adapter {row.name!r}") as session:
+            session.add(row)
+            try:
+                session.commit()
+            except IntegrityError as error:
+                session.rollback()
+                if self.get(row.name) is not None:  # created by another caller since the check
+                    raise AdapterExistsError(row.name) from error
+                raise
+
+    def _change(self, name: str, **values: object) -> AdapterInfo:
+        with self._session(f"update adapter {name!r}") as session:
+            row = self._row(session, name)
+            for key, value in values.items():
+                setattr(row, key, value)
+            row.updated_at = utc_now()
+            session.commit()
+            return AdapterInfo.of(row)
+
+    @staticmethod
+    def _row(session: Session, name: str) -> AdapterRow:
+        row = session.scalar(select(AdapterRow).where(AdapterRow.name == name).with_for_update())
+        if row is None:
+            raise AdapterNotFoundError(name)
+        return row
+
+    @contextlib.contextmanager
+    def _session(self, action: str) -> Iterator[Session]:
+        """A session whose database failures surface as RegistryError naming `action` and the URL."""
+        try:
+            with self._sessions() as session:
+                yield session
+        except SQLAlchemyError as error:
+            raise RegistryError(
+                f"cannot {action}: registry database {self._url} failed: {driver_message(error)}"
+            ) from error

@@ -1,0 +1,69 @@
+"""Alembic migrations: up, down and up again on both backends; models and migrations agree; clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from loraserve.errors import RegistryError
+from loraserve.registry import FileStore, Registry, downgrade_database, upgrade_database
+from loraserve.registry.database import create_registry_engine
+from loraserve.registry.models import Base
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_registry_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade(database_url: str) -> None:
+    upgrade_database(database_url)
+    assert {"adapters", "alembic_version"} <= _tables(database_url)
+    upgrade_database(database_url)  # already at head: nothing to do
+    downgrade_database(database_url)
+    assert "adapters" not in _tables(database_url)
+    upgrade_database(database_url)
+    assert "adapters" in _tables(database_url)
+
+
+def test_models_match_migrations(database_url: str) -> None:
+    upgrade_database(database_url)
+    engine = create_registry_engine(database_url)
+    with engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
+    engine.dispose()
+
+
+def test_database_from_a_newer_loraserve_is_refused(database_url: str) -> None:
+    upgrade_database(database_url)
+    engine = create_registry_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    with pytest.raises(RegistryError, match="newer loraserve"):
+        upgrade_database(database_url)
+
+
+def test_registry_refuses_an_unmigrated_database(database_url: str, tmp_path: Path) -> None:
+    with pytest.raises(RegistryError, match="upgrade_database"):
+        Registry(database_url, FileStore(tmp_path / "store"))
+
+
+def test_unreachable_server_names_the_url_without_its_password() -> None:
+    with pytest.raises(RegistryError) as caught:
+        upgrade_database("postgresql://someone:hunter2@127.0.0.1:1/nothing")
+    assert "postgresql://someone:***@127.0.0.1:1/nothing" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize("url", ["not a url", "nosuchdb://x/y"])
+def test_bad_url_is_refused(url: str) -> None:
+    with pytest.raises(RegistryError, match="--db"):
+        upgrade_database(url)

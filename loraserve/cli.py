@@ -5,19 +5,31 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from loraserve.config import (
+    CacheConfig,
+    EngineConfig,
+    LoraConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    default_data_dir,
+)
 from loraserve.errors import LoraserveError
+
+env = os.environ.get
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
     parser.add_argument("--model", default=env("LORASERVE_MODEL"), help="HF safetensors directory (default: embedded)")
     parser.add_argument("--dtype", default=env("LORASERVE_DTYPE", "auto"), help="auto | float32 | bfloat16")
     parser.add_argument("--device", default=env("LORASERVE_DEVICE", "cpu"), help="cpu | cuda")
     parser.add_argument("--max-num-seqs", type=int, default=128, help="sequences decoding together")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (chunked prefill)")
     parser.add_argument("--kv-cache-memory", type=int, default=2 << 30, help="bytes for the KV cache")
+    parser.add_argument("--max-loras", type=int, default=8, help="adapters on the device at once (distinct per step)")
+    parser.add_argument("--max-lora-rank", type=int, default=16, help="adapters of a higher rank are refused")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -25,7 +37,31 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device),
         cache=CacheConfig(kv_cache_memory=args.kv_cache_memory),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
+        lora=LoraConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank),
     )
+
+
+def _add_server_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=env("LORASERVE_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(env("LORASERVE_PORT", "8000")))
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path(env("LORASERVE_DATA_DIR") or default_data_dir()),
+        help="registry database and adapter files (env LORASERVE_DATA_DIR; default ~/.local/share/loraserve)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--db", default=env("LORASERVE_DB_URL"),
+        help="registry database URL, e.g. postgresql://user@host/db (env LORASERVE_DB_URL; default: SQLite)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--admin-token", default=env("LORASERVE_ADMIN_TOKEN"),
+        help="bearer token of the admin API (env LORASERVE_ADMIN_TOKEN; default: a new one, printed at start)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--api-key", action="append", default=[k for k in env("LORASERVE_API_KEYS", "").split(",") if k],
+        help="require this bearer key on inference routes (repeatable; env LORASERVE_API_KEYS, comma-separated)",
+    )  # fmt: skip
+    parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes)
+    parser.add_argument("--no-samples", action="store_true", help="do not register the sample adapters on first start")
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -35,9 +71,21 @@ def _serve(args: argparse.Namespace) -> None:
     from loraserve.engine.async_engine import AsyncLLMEngine
     from loraserve.server.app import create_app
 
+    config = ServerConfig(
+        data_dir=args.data_dir,
+        db_url=args.db,
+        admin_token=args.admin_token,
+        api_keys=frozenset(args.api_key),
+        max_upload_bytes=args.max_upload_bytes,
+        register_samples=not args.no_samples,
+    )
     engine = AsyncLLMEngine(LLMEngine(_engine_config(args)))
-    app = create_app(engine, api_keys=frozenset(args.api_key))
-    print(f"loraserve: serving {engine.engine.loaded.name} on http://{args.host}:{args.port}", flush=True)
+    app = create_app(engine, config)
+    state = app.state.loraserve
+    if config.admin_token is None:
+        print(f"loraserve: admin token for this run (choose one with --admin-token): {state.admin_token}", flush=True)
+    adapters = ", ".join(info.name for info in state.catalog.ready) or "none yet"
+    print(f"loraserve: serving {state.model_name} on http://{args.host}:{args.port} (adapters: {adapters})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
@@ -53,20 +101,41 @@ def _generate(args: argparse.Namespace) -> None:
         print(f"### {prompt}\n{completion.text}\n[{len(completion.token_ids)} tokens, {completion.finish_reason}]\n")
 
 
+def _adapters(args: argparse.Namespace) -> None:
+    from loraserve.admin_client import AdminClient, format_record, format_table
+
+    client = AdminClient(args.url, args.admin_token)
+    if args.action == "list":
+        print(format_table(client.list()))
+    elif args.action == "show":
+        print(format_record(client.show(args.name)))
+    elif args.action == "delete":
+        client.delete(args.name)
+        print(f"deleted {args.name}")
+    else:
+        record = client.upload(args.name, args.path, args.system_prompt, args.description)
+        print(f"uploaded {record['name']}: rank {record['rank']}, {', '.join(record['target_modules'])}")
+
+
+def _chat(args: argparse.Namespace) -> None:
+    from loraserve.chat_client import chat
+
+    chat(args.url, args.adapter, args.api_key, args.max_tokens, args.temperature)
+
+
+def _add_url_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=env("LORASERVE_URL", "http://127.0.0.1:8000"), help="the running server")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="loraserve", description="Serve many LoRA adapters on one base LLM.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="start the HTTP server (OpenAI-compatible API)")
+
+    serve = commands.add_parser("serve", help="start the HTTP server (OpenAI- and LoRAX-compatible API)")
     _add_engine_flags(serve)
-    serve.add_argument("--host", default=os.environ.get("LORASERVE_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("LORASERVE_PORT", "8000")))
-    serve.add_argument(
-        "--api-key",
-        action="append",
-        default=[k for k in os.environ.get("LORASERVE_API_KEYS", "").split(",") if k],
-        help="require this bearer key on inference routes (repeatable; env LORASERVE_API_KEYS, comma-separated)",
-    )
+    _add_server_flags(serve)
     serve.set_defaults(run=_serve)
+
     generate = commands.add_parser("generate", help="answer chat prompts offline and print the replies")
     _add_engine_flags(generate)
     generate.add_argument("prompts", nargs="+", help="one user message per prompt")
@@ -74,6 +143,30 @@ def main(argv: list[str] | None = None) -> None:
     generate.add_argument("--temperature", type=float, default=0.0)
     generate.add_argument("--seed", type=int, default=None)
     generate.set_defaults(run=_generate)
+
+    adapters = commands.add_parser("adapters", help="upload, list, show or delete adapters on a running server")
+    actions = adapters.add_subparsers(dest="action", required=True)
+    upload = actions.add_parser("upload", help="upload a PEFT adapter directory or a .zip/.tar.gz of one")
+    upload.add_argument("name")
+    upload.add_argument("path", type=Path)
+    upload.add_argument("--system-prompt", help="the persona: used when a chat request has no system message")
+    upload.add_argument("--description")
+    actions.add_parser("list", help="every registered adapter")
+    for action in ("show", "delete"):
+        actions.add_parser(action, help=f"{action} one adapter").add_argument("name")
+    for action_parser in actions.choices.values():
+        _add_url_flag(action_parser)
+        action_parser.add_argument("--admin-token", default=env("LORASERVE_ADMIN_TOKEN"))
+    adapters.set_defaults(run=_adapters)
+
+    chat = commands.add_parser("chat", help="chat with an adapter (or the base model) in the terminal, streamed")
+    chat.add_argument("adapter", nargs="?", help="an adapter's name (default: the base model)")
+    _add_url_flag(chat)
+    chat.add_argument("--api-key", default=env("LORASERVE_API_KEY"))
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.set_defaults(run=_chat)
+
     args = parser.parse_args(argv)
     try:
         args.run(args)

@@ -99,3 +99,33 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     seed: int = 0  # seeds the sampler of requests that carry no seed of their own
+
+
+def default_data_dir() -> Path:
+    """Where the registry and adapter files live: $XDG_DATA_HOME/loraserve (~/.local/share/loraserve)."""
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "loraserve"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server's own settings; the engine's are in EngineConfig."""
+
+    data_dir: Path = field(default_factory=default_data_dir)
+    db_url: str | None = None  # None = SQLite in data_dir
+    admin_token: str | None = None  # None = a random one, printed once at start
+    api_keys: frozenset[str] = frozenset()  # empty = inference routes are open
+    max_body_bytes: int = 8 << 20  # any request but an upload
+    max_upload_bytes: int = 1 << 30  # an adapter upload, archive included
+    max_unpacked_bytes: int = 2 << 30  # what one archive may unpack to
+    register_samples: bool = True  # the sample adapters in adapters/, on the first start with this data dir
+
+    def __post_init__(self) -> None:
+        for flag, value in (
+            ("--max-body-bytes", self.max_body_bytes),
+            ("--max-upload-bytes", self.max_upload_bytes),
+            ("--max-unpacked-bytes", self.max_unpacked_bytes),
+        ):
+            if value < 1:
+                raise ConfigError(flag, "must be a positive number of bytes")
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ConfigError("--admin-token", "must be at least 16 characters")

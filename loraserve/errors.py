@@ -40,3 +40,27 @@ class AdapterError(LoraserveError, ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class AdapterExistsError(LoraserveError):
+    """An adapter name is already taken (409 on the wire)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"adapter {name!r} already exists; delete it first or choose another name")
+        self.name = name
+
+
+class PayloadTooLargeError(LoraserveError):
+    """An upload or archive exceeds a configured size limit (413 on the wire)."""
+
+
+class RegistryError(LoraserveError):
+    """The registry database cannot be opened, migrated or written."""
+
+
+class AdapterNotFoundError(LoraserveError, LookupError):
+    """No adapter of that name is registered (404 on the wire)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no adapter named {name!r} is registered")
+        self.name = name

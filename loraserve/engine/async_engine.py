@@ -1,16 +1,18 @@
 """The engine for the server: the step loop runs in its own thread, each request gets an async stream.
 
-The event loop never waits on a step: adding and aborting run in a worker thread and
-take the engine lock between steps; outputs come back through `call_soon_threadsafe`.
-A stream closed early (a client that went away) aborts its request and frees its blocks.
+The event loop never waits on a step: adding runs in a worker thread and takes the
+engine lock between steps; outputs come back through `call_soon_threadsafe`. A stream
+closed early (a client that went away) queues an abort that the engine thread carries
+out before its next step, freeing the request's blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -41,6 +43,7 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()  # held for each step, add and abort
         self._has_work = threading.Event()
         self._streams: dict[str, _Stream] = {}
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()  # ids whose streams closed early
         self._stopping = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="loraserve-engine", daemon=True)
@@ -55,7 +58,7 @@ class AsyncLLMEngine:
 
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that touched it, the last one finished."""
         if self._error is not None:
             raise EngineDeadError(f"the engine stopped: {self._error}")
@@ -71,7 +74,9 @@ class AsyncLLMEngine:
                 yield item
         finally:
             if not finished:
-                await asyncio.to_thread(self.abort, request_id)
+                # No await here: a cancelled task (client gone) would be cancelled again at it.
+                self._aborts.put(request_id)
+                self._has_work.set()
 
     async def call(self, action: Callable[[LLMEngine], T]) -> T:
         """Run `action` on the engine between two steps (adapter changes, pool statistics)."""
@@ -102,6 +107,8 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         while not self._stopping:
+            while not self._aborts.empty():
+                self.abort(self._aborts.get())
             if not self.engine.has_unfinished_requests():
                 self._has_work.wait()
                 self._has_work.clear()

@@ -8,11 +8,19 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraserve.engine.async_engine import EngineDeadError
-from loraserve.errors import InvalidRequestError
+from loraserve.errors import (
+    AdapterError,
+    AdapterExistsError,
+    AdapterNotFoundError,
+    InvalidRequestError,
+    PayloadTooLargeError,
+    RegistryError,
+    UnknownAdapterError,
+)
 
 
 class NotFoundError(Exception):
-    """An unknown model or adapter name."""
+    """An unknown model name."""
 
 
 def error_response(status: int, message: str, error_type: str, code: str | int | None = None) -> JSONResponse:
@@ -26,6 +34,27 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequestError)
     async def invalid_request(_: Request, error: InvalidRequestError) -> JSONResponse:
         return error_response(400, str(error), "invalid_request_error", error.field)
+
+    @app.exception_handler(UnknownAdapterError)
+    @app.exception_handler(AdapterNotFoundError)
+    async def unknown_adapter(_: Request, error: Exception) -> JSONResponse:
+        return error_response(404, str(error), "not_found_error", "adapter_not_found")
+
+    @app.exception_handler(AdapterError)
+    async def bad_adapter(_: Request, error: AdapterError) -> JSONResponse:
+        return error_response(422, str(error), "invalid_adapter_error", error.field)
+
+    @app.exception_handler(AdapterExistsError)
+    async def adapter_exists(_: Request, error: AdapterExistsError) -> JSONResponse:
+        return error_response(409, str(error), "conflict_error", "adapter_exists")
+
+    @app.exception_handler(PayloadTooLargeError)
+    async def too_large(_: Request, error: PayloadTooLargeError) -> JSONResponse:
+        return error_response(413, str(error), "invalid_request_error", 413)
+
+    @app.exception_handler(RegistryError)
+    async def registry_failed(_: Request, error: RegistryError) -> JSONResponse:
+        return error_response(503, str(error), "server_error", "registry_unavailable")
 
     @app.exception_handler(NotFoundError)
     async def not_found(_: Request, error: NotFoundError) -> JSONResponse:

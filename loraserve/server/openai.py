@@ -14,7 +14,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from loraserve.engine import RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
+from loraserve.errors import UnknownAdapterError
+from loraserve.registry import AdapterInfo
 from loraserve.server.errors import NotFoundError
+from loraserve.server.generation import generate, resolve_adapter
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
 from loraserve.server.state import ServerState, server_state
 
@@ -26,42 +29,55 @@ DEFAULT_CHAT_MAX_TOKENS = 512
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
     state = server_state(request)
-    return ModelList(data=[ModelCard(id=state.model_name, created=state.started_at)])
+    base = ModelCard(id=state.model_name, created=state.started_at)
+    adapters = [
+        ModelCard(id=info.name, created=int(info.created_at.timestamp()), parent=state.model_name)
+        for info in state.catalog.ready
+    ]
+    return ModelList(data=[base, *adapters])
 
 
 @router.post("/v1/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
-    _check_model(state, body)
+    adapter = _adapter_of(state, body)
     params = body.sampling_params(body.max_tokens, body.logprobs)
-    return await _respond(state, body, body.prompt, params, _CompletionFormat(state))
+    return await _respond(request, body, body.prompt, params, adapter, _CompletionFormat(state, body.model))
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
-    _check_model(state, body)
+    adapter = _adapter_of(state, body)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = body.sampling_params(body.effective_max_tokens(DEFAULT_CHAT_MAX_TOKENS), logprobs)
     conversation = [message.model_dump() for message in body.messages]
+    persona = adapter.system_prompt if adapter is not None else None
+    if persona and not any(message["role"] in ("system", "developer") for message in conversation):
+        conversation.insert(0, {"role": "system", "content": persona})
     prompt = await asyncio.to_thread(chat_prompt_ids, state.tokenizer, conversation)
-    return await _respond(state, body, prompt, params, _ChatFormat(state))
+    return await _respond(request, body, prompt, params, adapter, _ChatFormat(state, body.model))
 
 
-def _check_model(state: ServerState, body: SamplingFields) -> None:
-    if body.model != state.model_name:
-        raise NotFoundError(f"model {body.model!r} does not exist; GET /v1/models lists what is served")
+def _adapter_of(state: ServerState, body: SamplingFields) -> AdapterInfo | None:
+    """`adapter_id` when given, else `model`: an adapter's name, or the base model's id for none."""
+    name = body.adapter_id or body.model
+    try:
+        return resolve_adapter(state, name)
+    except UnknownAdapterError:
+        raise NotFoundError(f"model {name!r} does not exist; GET /v1/models lists what is served") from None
 
 
 async def _respond(
-    state: ServerState,
+    request: Request,
     body: SamplingFields,
     prompt: str | list[int],
     params: SamplingParams,
+    adapter: AdapterInfo | None,
     fmt: _Format,
 ) -> JSONResponse | StreamingResponse:
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
-    outputs = state.engine.generate(request_id, prompt, params)
+    outputs = generate(request, request_id, prompt, params, adapter.name if adapter else None)
     # The first output is awaited here so a refused request is a plain error, not a broken stream.
     first = await anext(outputs)
     if body.stream:
@@ -128,8 +144,9 @@ class _Format:
     object_name = ""
     chunk_object_name = ""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, model: str) -> None:
         self.state = state
+        self.model = model  # echoed as asked: the adapter's name or the base model's id
         self.created = int(time.time())
 
     def envelope(self, request_id: str, chunk: bool) -> dict[str, Any]:
@@ -137,7 +154,7 @@ class _Format:
             "id": request_id,
             "object": self.chunk_object_name if chunk else self.object_name,
             "created": self.created,
-            "model": self.state.model_name,
+            "model": self.model,
         }
 
     def response(self, request_id: str, output: RequestOutput) -> dict[str, Any]:

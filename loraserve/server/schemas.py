@@ -19,6 +19,7 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
+    adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0

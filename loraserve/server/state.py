@@ -7,16 +7,23 @@ from dataclasses import dataclass
 from fastapi import Request
 from transformers import PreTrainedTokenizerBase
 
+from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
+from loraserve.server.catalog import AdapterCatalog
+from loraserve.server.metrics import Metrics
 
 
 @dataclass
 class ServerState:
     engine: AsyncLLMEngine
+    catalog: AdapterCatalog
+    metrics: Metrics
+    config: ServerConfig
+    admin_token: str  # always set: the configured one or one made at start
     model_name: str  # the id clients put in `model` for the base model
     tokenizer: PreTrainedTokenizerBase
+    special_token_ids: frozenset[int]
     started_at: int  # unix seconds
-    api_keys: frozenset[str]  # empty: inference routes are open
 
 
 def server_state(request: Request) -> ServerState:

@@ -155,7 +155,6 @@ def test_n_greater_than_one_forks_after_the_prompt(tokenizer):
     assert scheduler.block_manager.num_free_blocks == 64
 
 
-
 def test_a_request_whose_adapter_has_no_free_slot_waits_while_later_ones_run(tokenizer):
     adapters = tiny_adapter_manager(num_slots=1)
     adapters.register("a", tiny_adapter(0))

@@ -1,4 +1,4 @@
-"""A real server on a free loopback port, over the shared float32 model."""
+"""A real server on a free loopback port, over the shared float32 model, with its own data directory."""
 
 from __future__ import annotations
 
@@ -7,21 +7,28 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
-from loraserve.config import CacheConfig, EngineConfig, ModelConfig
+from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, ServerConfig
 from loraserve.engine import LLMEngine
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.models import LoadedModel
 from loraserve.server.app import create_app
+
+ADMIN_TOKEN = "admin-token-for-the-tests"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @dataclass
 class RunningServer:
     url: str
     engine: AsyncLLMEngine
+    data_dir: Path
 
 
 def _free_port() -> int:
@@ -30,13 +37,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(loaded: LoadedModel, api_keys: frozenset[str] = frozenset()) -> Iterator[RunningServer]:
-    engine = AsyncLLMEngine(
-        LLMEngine(EngineConfig(model=ModelConfig(dtype="float32"), cache=CacheConfig(num_blocks=512)), loaded=loaded)
+def start_server(
+    loaded: LoadedModel, data_dir: Path, max_loras: int = 8, num_blocks: int = 512, **server_config: Any
+) -> Iterator[RunningServer]:
+    """Start, yield once the port answers, stop. `server_config`: ServerConfig fields."""
+    engine_config = EngineConfig(
+        model=ModelConfig(dtype="float32"),
+        cache=CacheConfig(num_blocks=num_blocks),
+        lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
     )
+    engine = AsyncLLMEngine(LLMEngine(engine_config, loaded=loaded))
+    config = ServerConfig(data_dir=data_dir, admin_token=ADMIN_TOKEN, **{"register_samples": False, **server_config})
     port = _free_port()
     server = uvicorn.Server(
-        uvicorn.Config(create_app(engine, api_keys), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(create_app(engine, config), host="127.0.0.1", port=port, log_level="warning")
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -45,15 +59,15 @@ def start_server(loaded: LoadedModel, api_keys: frozenset[str] = frozenset()) ->
         assert time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
     try:
-        yield RunningServer(f"http://127.0.0.1:{port}", engine)
+        yield RunningServer(f"http://127.0.0.1:{port}", engine, data_dir)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
-def server(loaded_model) -> Iterator[RunningServer]:
-    yield from start_server(loaded_model)
+def server(loaded_model, tmp_path_factory) -> Iterator[RunningServer]:
+    yield from start_server(loaded_model, tmp_path_factory.mktemp("data"))
 
 
 def wait_until_idle(engine: AsyncLLMEngine, timeout: float = 30) -> None:
@@ -62,3 +76,30 @@ def wait_until_idle(engine: AsyncLLMEngine, timeout: float = 30) -> None:
     while engine.engine.has_unfinished_requests():
         assert time.monotonic() < deadline, "requests still running"
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def peft_adapter_dir(model_dir, tmp_path_factory) -> Path:
+    """A fresh adapter of the base model saved by peft's save_pretrained (random B: it changes answers)."""
+    import torch
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = PeftLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    path = tmp_path_factory.mktemp("peft-adapter")
+    get_peft_model(base, config).save_pretrained(path)
+    return path
+
+
+def data_snapshot(server: RunningServer) -> tuple[list[tuple[str, str, str]], list[tuple[str, int]]]:
+    """What the registry and the file store hold: (name, sha256, status) rows and (path, size) files."""
+    rows = httpx.get(f"{server.url}/admin/adapters", headers=ADMIN).json()["data"]
+    files = sorted(
+        (str(p.relative_to(server.data_dir)), p.stat().st_size)
+        for p in server.data_dir.rglob("*")
+        if p.is_file() and p.name != "registry.db" and not p.name.startswith("registry.db-")
+    )
+    return [(r["name"], r["sha256"], r["status"]) for r in rows], files

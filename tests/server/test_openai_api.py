@@ -96,7 +96,8 @@ def test_errors_are_json_with_the_documented_status(server):
 
 
 def test_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server):
-    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    # Unaborted, 4000 tokens would run for minutes: wait_until_idle would time out.
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 4000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
@@ -124,8 +125,8 @@ def test_concurrent_streaming_clients_all_complete_with_the_greedy_answers(serve
     assert manager.num_free_blocks == manager.num_blocks
 
 
-def test_api_keys_guard_inference_routes(loaded_model):
-    for running in start_server(loaded_model, api_keys=frozenset({"secret"})):
+def test_api_keys_guard_inference_routes(loaded_model, tmp_path):
+    for running in start_server(loaded_model, tmp_path, api_keys=frozenset({"secret"})):
         assert httpx.get(f"{running.url}/health").status_code == 200
         refused = httpx.get(f"{running.url}/v1/models")
         assert refused.status_code == 401

@@ -1,0 +1,68 @@
+"""`loraserve adapters ...`: the admin API from the terminal, against a running server."""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loraserve.errors import LoraserveError
+from loraserve.lora.adapter import CONFIG_FILE, WEIGHTS_FILE
+
+
+class AdminClient:
+    def __init__(self, url: str, admin_token: str | None, timeout: float = 600) -> None:
+        if not admin_token:
+            raise LoraserveError("set --admin-token or LORASERVE_ADMIN_TOKEN (the server prints its token at start)")
+        headers = {"Authorization": f"Bearer {admin_token}"}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def upload(self, name: str, path: Path, system_prompt: str | None, description: str | None) -> dict[str, Any]:
+        """Upload a PEFT directory (its two files) or an archive of one."""
+        files = [path / CONFIG_FILE, path / WEIGHTS_FILE] if path.is_dir() else [path]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise LoraserveError(f"not found: {', '.join(missing)}")
+        fields = {"name": name, "system_prompt": system_prompt, "description": description}
+        with ExitStack() as stack:
+            parts = [("files", (f.name, stack.enter_context(f.open("rb")))) for f in files]
+            data = {k: v for k, v in fields.items() if v is not None}
+            return self._call("POST", "/admin/adapters", data=data, files=parts)
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/admin/adapters")["data"])
+
+    def show(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/admin/adapters/{name}")
+
+    def delete(self, name: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/admin/adapters/{name}")
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            raise LoraserveError(f"cannot reach the server at {self.http.base_url}: {error}") from error
+        if response.is_error:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text
+            raise LoraserveError(f"{response.status_code}: {message}")
+        return response.json()
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    columns = ("name", "status", "rank", "residency", "request_count", "description")
+    rows = [[str(record.get(c) or "") for c in columns] for record in records]
+    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_record(record: dict[str, Any]) -> str:
+    return json.dumps(record, indent=2, ensure_ascii=False)

@@ -1,0 +1,220 @@
+"""Admin routes (the admin token, always): adapters, vLLM's load/unload, the memory pool.
+
+An upload is written to a temporary directory in the data directory, validated against
+the base model, then handed to the catalog, which stores and serves it; whatever fails,
+the temporary directory goes and the registry is as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import UploadFile
+
+from loraserve.engine.stats import EngineStats
+from loraserve.errors import AdapterError, UnknownAdapterError
+from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
+from loraserve.registry import AdapterInfo
+from loraserve.registry.archive import SUFFIXES, extract_adapter_archive
+from loraserve.server.state import ServerState, server_state
+
+router = APIRouter()
+
+_UNSET: Any = object()
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+class AdapterPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    description: str | None = _UNSET
+    system_prompt: str | None = _UNSET
+
+
+class LoadLoraRequest(BaseModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoraRequest(BaseModel):
+    lora_name: str
+
+
+@router.post("/admin/adapters", status_code=201)
+async def upload_adapter(request: Request) -> JSONResponse:
+    state = server_state(request)
+    form = await request.form(max_files=4, max_fields=8)
+    try:
+        name = _text_field(form.get("name"), "name")
+        if not name:
+            raise AdapterError("name", "is required (a multipart form field)")
+        system_prompt = _text_field(form.get("system_prompt"), "system_prompt")
+        description = _text_field(form.get("description"), "description")
+        uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
+        with _scratch_dir(state) as scratch:
+            source = await asyncio.to_thread(_unpack_upload, uploads, scratch, state.config.max_unpacked_bytes)
+            info = await state.catalog.add(name, source, system_prompt, description)
+    finally:
+        await form.close()
+    return JSONResponse(await _record(state, info), status_code=201)
+
+
+@router.get("/admin/adapters")
+async def list_adapters(request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    infos = await asyncio.to_thread(state.catalog.registry.list)
+    stats = await state.engine.call(lambda engine: engine.stats())
+    return {"object": "list", "data": [_with_residency(info, stats) for info in infos]}
+
+
+@router.get("/admin/adapters/{name}")
+async def get_adapter(name: str, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    info = await asyncio.to_thread(state.catalog.registry.get, name)
+    if info is None:
+        raise UnknownAdapterError(name)
+    return await _record(state, info)
+
+
+@router.patch("/admin/adapters/{name}")
+async def patch_adapter(name: str, body: AdapterPatch, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    changes = {field: getattr(body, field) for field in ("description", "system_prompt")}
+    info = await state.catalog.update(name, **{k: v for k, v in changes.items() if v is not _UNSET})
+    return await _record(state, info)
+
+
+@router.delete("/admin/adapters/{name}")
+async def delete_adapter(name: str, request: Request) -> dict[str, Any]:
+    info = await server_state(request).catalog.remove(name)
+    return {"name": info.name, "deleted": True}
+
+
+@router.post("/admin/adapters/{name}/pin")
+async def pin_adapter(name: str, request: Request) -> dict[str, Any]:
+    return await _set_pinned(server_state(request), name, pinned=True)
+
+
+@router.post("/admin/adapters/{name}/unpin")
+async def unpin_adapter(name: str, request: Request) -> dict[str, Any]:
+    return await _set_pinned(server_state(request), name, pinned=False)
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> dict[str, Any]:
+    """vLLM's route: `lora_path` is a PEFT directory on the server's own disk."""
+    state = server_state(request)
+    path = Path(body.lora_path)
+    if not path.is_dir():
+        raise AdapterError("lora_path", f"{body.lora_path!r} is not a directory on the server")
+    info = await state.catalog.add(body.lora_name, path, system_prompt=None, description=None)
+    return await _record(state, info)
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> dict[str, Any]:
+    info = await server_state(request).catalog.remove(body.lora_name)
+    return {"name": info.name, "deleted": True}
+
+
+@router.get("/admin/pool")
+async def pool(request: Request) -> dict[str, Any]:
+    stats = await server_state(request).engine.call(lambda engine: engine.stats())
+    return {
+        "kv_blocks": {"total": stats.kv_blocks_total, "used": stats.kv_blocks_used, "block_size": stats.block_size},
+        "adapter_slots": {"total": stats.adapter_slots_total, "used": len(stats.device_adapters)},
+        "device_adapters": [asdict(adapter) for adapter in stats.device_adapters],
+        "host_adapters": stats.host_adapters,
+        "adapter_loads": stats.adapter_loads,
+        "adapter_evictions": stats.adapter_evictions,
+        "adapter_load_seconds_total": stats.adapter_load_seconds_total,
+        "running_sequences": stats.running_sequences,
+        "waiting_sequences": stats.waiting_sequences,
+    }
+
+
+async def _set_pinned(state: ServerState, name: str, pinned: bool) -> dict[str, Any]:
+    state.catalog.get(name)  # 404 unless ready
+
+    def apply(engine: Any) -> None:
+        (engine.adapters.pin if pinned else engine.adapters.unpin)(name)
+
+    await state.engine.call(apply)
+    return await _record(state, state.catalog.get(name))
+
+
+async def _record(state: ServerState, info: AdapterInfo) -> dict[str, Any]:
+    stats = await state.engine.call(lambda engine: engine.stats())
+    return _with_residency(info, stats)
+
+
+def _with_residency(info: AdapterInfo, stats: EngineStats) -> dict[str, Any]:
+    """The record as JSON, with where its weights are: device, host or disk only."""
+    device = {adapter.name: adapter for adapter in stats.device_adapters}
+    served = info.status == "ready" and (info.name in device or info.name in stats.host_adapters)
+    record = asdict(info)
+    record["target_modules"] = list(info.target_modules)
+    for key in ("created_at", "updated_at"):
+        record[key] = record[key].isoformat()
+    record["residency"] = "device" if info.name in device else "host" if served else "disk"
+    record["pinned"] = info.name in device and device[info.name].pinned
+    return record
+
+
+def _text_field(value: object, field: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise AdapterError(field, "must be a text field, not a file")
+    return value
+
+
+@contextmanager
+def _scratch_dir(state: ServerState) -> Iterator[Path]:
+    """A temporary directory on the data directory's filesystem, removed on exit whatever happened."""
+    root = state.config.data_dir / "uploads"
+    root.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _unpack_upload(uploads: list[UploadFile], scratch: Path, max_unpacked_bytes: int) -> Path:
+    """Write the uploaded PEFT files (or one archive's) into `scratch`; returns the adapter directory."""
+    if not uploads:
+        raise AdapterError("files", f"upload {CONFIG_FILE} and {WEIGHTS_FILE}, or one archive of them")
+    names = [Path(upload.filename or "").name for upload in uploads]
+    for name in names:
+        if name in PICKLE_FILES or name.endswith(_PICKLE_SUFFIXES):
+            raise AdapterError(name, "is a pickle file and is never loaded; only safetensors are accepted")
+    archives = [u for u, n in zip(uploads, names, strict=True) if n.endswith(SUFFIXES)]
+    if archives:
+        if len(uploads) != 1:
+            raise AdapterError("files", "send one archive alone, or the PEFT files without an archive")
+        archive = scratch / names[0]
+        _save(archives[0], archive)
+        return extract_adapter_archive(archive, scratch / "adapter", max_unpacked_bytes)
+    unexpected = sorted(set(names) - {CONFIG_FILE, WEIGHTS_FILE})
+    if unexpected:
+        raise AdapterError("files", f"unexpected file {unexpected[0]!r}; send {CONFIG_FILE} and {WEIGHTS_FILE}")
+    for upload, name in zip(uploads, names, strict=True):
+        _save(upload, scratch / name)
+    return scratch
+
+
+def _save(upload: UploadFile, path: Path) -> None:
+    upload.file.seek(0)
+    with path.open("wb") as out:
+        shutil.copyfileobj(upload.file, out, 1 << 20)

@@ -1,0 +1,49 @@
+"""Request body limits, enforced while the body arrives (a lying or missing Content-Length included)."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from loraserve.errors import PayloadTooLargeError
+
+
+class BodyLimitMiddleware:
+    """Uploads (POST to `upload_path`) may send `max_upload_bytes`; every other request `max_body_bytes`."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_upload_bytes: int, upload_path: str) -> None:
+        self.app = app
+        self.max_body_bytes, self.max_upload_bytes, self.upload_path = max_body_bytes, max_upload_bytes, upload_path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        is_upload = scope["method"] == "POST" and scope["path"] == self.upload_path
+        limit = self.max_upload_bytes if is_upload else self.max_body_bytes
+        what = "an adapter upload" if is_upload else "a request body"
+        message = f"{what} may be at most {limit} bytes"
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _refuse(send, message)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            event = await receive()
+            if event["type"] == "http.request":
+                received += len(event.get("body", b""))
+                if received > limit:
+                    raise PayloadTooLargeError(message)
+            return event
+
+        await self.app(scope, counting_receive, send)
+
+
+async def _refuse(send: Send, message: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": 413}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

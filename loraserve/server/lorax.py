@@ -1,0 +1,192 @@
+"""LoRAX/TGI-compatible routes: /generate, /generate_stream, and POST / (what `lorax-client` calls).
+
+`inputs` is raw text, tokenized as `tokenizer(text)` does (no chat template); the adapter
+comes from `parameters.adapter_id`. Stream events are TGI's: one per generated token, the
+last carrying `generated_text` and `details`; the concatenated token texts equal it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
+from loraserve.errors import InvalidRequestError
+from loraserve.server.generation import generate, resolve_adapter
+from loraserve.server.state import ServerState, server_state
+
+router = APIRouter()
+
+DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
+
+
+class GenerateParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    adapter_id: str | None = None
+    adapter_source: str | None = None  # every adapter comes from the registry, whatever the source says
+    api_token: str | None = None
+    merged_adapters: dict[str, Any] | None = None
+    do_sample: bool = False
+    max_new_tokens: int | None = None
+    ignore_eos_token: bool = False
+    repetition_penalty: float | None = None
+    return_full_text: bool = False
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    truncate: int | None = None
+    typical_p: float | None = None
+    best_of: int | None = None
+    watermark: bool = False
+    details: bool = False
+    decoder_input_details: bool = False
+    return_k_alternatives: int | None = None
+    response_format: dict[str, Any] | None = None
+
+    def sampling_params(self) -> SamplingParams:
+        """TGI semantics: greedy unless do_sample or a sampling knob is set."""
+        for field, unsupported in (
+            ("merged_adapters", self.merged_adapters is not None),
+            ("typical_p", self.typical_p is not None),
+            ("best_of", (self.best_of or 1) > 1),
+            ("watermark", self.watermark),
+            ("decoder_input_details", self.decoder_input_details),
+            ("response_format", self.response_format is not None),
+        ):
+            if unsupported:
+                raise InvalidRequestError(f"parameters.{field}", "is not supported by loraserve")
+        sampling = self.do_sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+        return SamplingParams(
+            max_tokens=self.max_new_tokens if self.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS,
+            temperature=(1.0 if self.temperature is None else self.temperature) if sampling else 0.0,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=list(self.stop),
+            repetition_penalty=self.repetition_penalty or 1.0,
+            ignore_eos=self.ignore_eos_token,
+            logprobs=self.return_k_alternatives or 0,  # every TGI token carries its logprob
+        )
+
+
+class GenerateRequest(BaseModel):
+    inputs: str
+    parameters: GenerateParameters = Field(default_factory=GenerateParameters)
+    stream: bool = False
+
+
+@router.post("/generate")
+async def generate_route(body: GenerateRequest, request: Request) -> dict[str, Any]:
+    return await _complete(request, body)
+
+
+@router.post("/generate_stream")
+async def generate_stream_route(body: GenerateRequest, request: Request) -> StreamingResponse:
+    return await _stream(request, body)
+
+
+@router.post("/", response_model=None)
+async def lorax_root(body: GenerateRequest, request: Request) -> JSONResponse | StreamingResponse:
+    """lorax-client posts here: a one-element list when not streaming, events when streaming."""
+    if body.stream:
+        return await _stream(request, body)
+    return JSONResponse([await _complete(request, body)])
+
+
+async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator[RequestOutput], RequestOutput]:
+    state = server_state(request)
+    parameters = body.parameters
+    params = parameters.sampling_params()
+    adapter = resolve_adapter(state, parameters.adapter_id)
+    prompt: str | list[int] = body.inputs
+    if parameters.truncate is not None:
+        prompt = state.tokenizer(body.inputs)["input_ids"][-parameters.truncate :]
+    outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter.name if adapter else None)
+    # Awaited here so a refused request is a plain error, not a broken stream.
+    return outputs, await anext(outputs)
+
+
+async def _complete(request: Request, body: GenerateRequest) -> dict[str, Any]:
+    state = server_state(request)
+    outputs, final = await _start(request, body)
+    async for final in outputs:  # noqa: B007 - only the finished output is answered
+        pass
+    completion = final.outputs[0]
+    response: dict[str, Any] = {"generated_text": _full_text(body, completion.text)}
+    if body.parameters.details:
+        response["details"] = {
+            **_stream_details(body, final),
+            "prefill": [],
+            "tokens": [_token(state, completion, i) for i in range(len(completion.token_ids))],
+            "best_of_sequences": None,
+        }
+    return response
+
+
+async def _stream(request: Request, body: GenerateRequest) -> StreamingResponse:
+    state = server_state(request)
+    outputs, first = await _start(request, body)
+
+    async def events() -> AsyncIterator[str]:
+        sent_tokens, sent_text = 0, ""
+        output: RequestOutput | None = first
+        while output is not None:
+            completion = output.outputs[0]
+            for i in range(sent_tokens, len(completion.token_ids)):
+                last = i == len(completion.token_ids) - 1
+                text = completion.text[len(sent_text) :] if last else ""
+                event: dict[str, Any] = {"token": {**_token(state, completion, i), "text": text}}
+                done = last and output.finished
+                event["generated_text"] = _full_text(body, completion.text) if done else None
+                event["details"] = _stream_details(body, output) if done else None
+                sent_text += text
+                yield f"data:{json.dumps(event, ensure_ascii=False)}\n\n"
+            sent_tokens = len(completion.token_ids)
+            output = await anext(outputs, None)
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _full_text(body: GenerateRequest, text: str) -> str:
+    return body.inputs + text if body.parameters.return_full_text else text
+
+
+def _stream_details(body: GenerateRequest, output: RequestOutput) -> dict[str, Any]:
+    completion = output.outputs[0]
+    return {
+        "finish_reason": _finish_reason(completion),
+        "prompt_tokens": len(output.prompt_token_ids),
+        "generated_tokens": len(completion.token_ids),
+        "seed": body.parameters.seed,
+    }
+
+
+def _finish_reason(completion: CompletionOutput) -> str:
+    if completion.finish_reason == "length":
+        return "length"
+    return "stop_sequence" if isinstance(completion.stop_reason, str) else "eos_token"
+
+
+def _token(state: ServerState, completion: CompletionOutput, index: int) -> dict[str, Any]:
+    token_id = completion.token_ids[index]
+    entry = completion.logprobs[index] if completion.logprobs else None
+    token: dict[str, Any] = {
+        "id": token_id,
+        "text": state.tokenizer.decode([token_id]),
+        "logprob": entry.logprob if entry else 0.0,
+        "special": token_id in state.special_token_ids,
+    }
+    if entry is not None and entry.top:
+        token["alternative_tokens"] = [
+            {"id": t, "text": state.tokenizer.decode([t]), "logprob": lp} for t, lp in entry.top.items()
+        ]
+    return token

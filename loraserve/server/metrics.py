@@ -1,0 +1,85 @@
+"""Prometheus metrics: per-request counters and latency histograms, engine and pool gauges.
+
+One CollectorRegistry per app, so several servers in one process (tests) never share counts.
+Request metrics are recorded when a request finishes; gauges are refreshed at each scrape.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from loraserve.engine import RequestOutput
+from loraserve.engine.stats import EngineStats
+
+# Seconds; decode steps on a CPU take tens of milliseconds, prompts and loads up to seconds.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("loraserve_requests", "Finished requests", ["adapter", "finish_reason"], registry=r)
+        self.prompt_tokens = Counter("loraserve_prompt_tokens", "Prompt tokens computed", ["adapter"], registry=r)
+        self.generation_tokens = Counter("loraserve_generation_tokens", "Tokens generated", ["adapter"], registry=r)
+        self.ttft = Histogram(
+            "loraserve_time_to_first_token_seconds", "Arrival to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.inter_token = Histogram(
+            "loraserve_inter_token_latency_seconds", "Between consecutive tokens", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "loraserve_request_latency_seconds", "Arrival to last token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "loraserve_queue_time_seconds", "Arrival to first scheduled", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.adapter_load = Histogram(
+            "loraserve_adapter_load_seconds", "Copying an adapter into a device slot", buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self._gauges = {
+            name: Gauge(f"loraserve_{name}", help_text, registry=r)
+            for name, help_text in (
+                ("kv_blocks_total", "KV cache blocks"),
+                ("kv_blocks_used", "KV cache blocks holding tokens"),
+                ("adapter_slots_total", "Device slots for adapters"),
+                ("adapters_on_device", "Adapters in a device slot"),
+                ("adapters_registered", "Adapters ready to serve"),
+                ("adapter_loads", "Adapter loads into a device slot since start"),
+                ("adapter_evictions", "Adapters evicted from a device slot since start"),
+                ("running_sequences", "Sequences in the running batch"),
+                ("waiting_sequences", "Sequences waiting to be scheduled"),
+                ("preemptions", "Sequences preempted since start"),
+            )
+        }
+
+    def record_request(self, adapter: str, output: RequestOutput) -> None:
+        timings = output.timings
+        for completion in output.outputs:
+            self.requests.labels(adapter, completion.finish_reason or "unknown").inc()
+            self.generation_tokens.labels(adapter).inc(len(completion.token_ids))
+        self.prompt_tokens.labels(adapter).inc(len(output.prompt_token_ids))
+        latencies = ((self.ttft, timings.ttft), (self.e2e, timings.e2e), (self.queue_time, timings.queue_time))
+        for histogram, value in latencies:
+            if value is not None:
+                histogram.observe(value)
+        for gap in timings.inter_token_latencies:
+            self.inter_token.observe(gap)
+
+    def render(self, stats: EngineStats) -> bytes:
+        values = {
+            "kv_blocks_total": stats.kv_blocks_total,
+            "kv_blocks_used": stats.kv_blocks_used,
+            "adapter_slots_total": stats.adapter_slots_total,
+            "adapters_on_device": len(stats.device_adapters),
+            "adapters_registered": len(stats.device_adapters) + len(stats.host_adapters),
+            "adapter_loads": stats.adapter_loads,
+            "adapter_evictions": stats.adapter_evictions,
+            "running_sequences": stats.running_sequences,
+            "waiting_sequences": stats.waiting_sequences,
+            "preemptions": stats.preemptions,
+        }
+        for name, value in values.items():
+            self._gauges[name].set(value)
+        return generate_latest(self.registry)

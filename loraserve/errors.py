@@ -18,7 +18,7 @@ class UnknownAdapterError(InvalidRequestError):
     """A request named an adapter that is not loaded (404 on the wire)."""
 
     def __init__(self, name: str) -> None:
-        super().__init__("adapter", f"adapter {name!r} is not loaded")
+        super().__init__("adapter", f"no adapter named {name!r} is served")
 
 
 class ModelLoadError(LoraserveError):

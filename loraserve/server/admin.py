@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import UploadFile
 
 from loraserve.engine.stats import EngineStats
-from loraserve.errors import AdapterError, UnknownAdapterError
+from loraserve.errors import AdapterError, AdapterNotFoundError
 from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
 from loraserve.registry import AdapterInfo
 from loraserve.registry.archive import SUFFIXES, extract_adapter_archive
@@ -82,7 +82,7 @@ async def get_adapter(name: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
     info = await asyncio.to_thread(state.catalog.registry.get, name)
     if info is None:
-        raise UnknownAdapterError(name)
+        raise AdapterNotFoundError(name)
     return await _record(state, info)
 
 

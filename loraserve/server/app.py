@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.staticfiles import StaticFiles
 
 from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
@@ -22,6 +23,7 @@ from loraserve.server.metrics import Metrics
 from loraserve.server.state import ServerState, server_state
 
 SAMPLE_ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
+ADMIN_UI = Path(__file__).resolve().parents[2] / "admin_ui"
 _SAMPLES_MARKER = ".samples-registered"  # in the data directory: samples are offered once, never re-added
 
 
@@ -81,6 +83,8 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         stats = await state.engine.call(lambda e: e.stats())
         return Response(state.metrics.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # The page holds no data: everything it shows is fetched with the admin token.
+    app.mount("/admin/ui", StaticFiles(directory=ADMIN_UI, html=True), name="admin-ui")
     inference = [Depends(require_api_key)]
     app.include_router(openai.router, dependencies=inference)
     app.include_router(lorax.router, dependencies=inference)

@@ -10,9 +10,10 @@ from loraserve.server.state import server_state
 
 
 def require_api_key(request: Request) -> None:
-    """When API keys are configured, inference needs `Authorization: Bearer <key>`."""
-    keys = server_state(request).config.api_keys
-    if keys and not any(_bearer_matches(request, key) for key in keys):
+    """When API keys are configured, inference needs `Authorization: Bearer <key>` (or the admin token)."""
+    state = server_state(request)
+    keys = state.config.api_keys
+    if keys and not any(_bearer_matches(request, key) for key in (*keys, state.admin_token)):
         raise HTTPException(status_code=401, detail="missing or invalid API key (Authorization: Bearer <key>)")
 
 

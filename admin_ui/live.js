@@ -1,0 +1,60 @@
+// The live view: the memory pool from /admin/pool and rates from /metrics, every few seconds.
+import { call } from "./api.js";
+import { drawLines } from "./chart.js";
+import { element } from "./format.js";
+
+const $ = (id) => document.getElementById(id);
+const HISTORY = 60;
+const history = { tokensPerSecond: [], ttftMs: [], itlMs: [] };
+let previous = null;
+
+function parseMetrics(text) {
+  const totals = { tokens: 0, ttftSum: 0, ttftCount: 0, itlSum: 0, itlCount: 0 };
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const [series, value] = line.split(/ (?=[^ ]+$)/);
+    const number = Number(value);
+    if (series.startsWith("loraserve_generation_tokens_total")) totals.tokens += number;
+    else if (series === "loraserve_time_to_first_token_seconds_sum") totals.ttftSum = number;
+    else if (series === "loraserve_time_to_first_token_seconds_count") totals.ttftCount = number;
+    else if (series === "loraserve_inter_token_latency_seconds_sum") totals.itlSum = number;
+    else if (series === "loraserve_inter_token_latency_seconds_count") totals.itlCount = number;
+  }
+  return { ...totals, time: performance.now() / 1000 };
+}
+
+function push(list, value) {
+  list.push(value);
+  if (list.length > HISTORY) list.shift();
+}
+
+function meanOver(now, before, sum, count) {
+  const n = now[count] - before[count];
+  return n > 0 ? (1000 * (now[sum] - before[sum])) / n : 0;
+}
+
+export async function refreshLive() {
+  const [pool, metricsText] = await Promise.all([call("GET", "/admin/pool"), call("GET", "/metrics")]);
+  const kv = pool.kv_blocks;
+  $("kv-meter").max = kv.total;
+  $("kv-meter").value = kv.used;
+  $("kv-text").textContent = `${kv.used} of ${kv.total} blocks used (${kv.block_size} tokens each)`;
+  $("slot-meter").max = pool.adapter_slots.total;
+  $("slot-meter").value = pool.adapter_slots.used;
+  $("slot-text").textContent = `${pool.adapter_slots.used} of ${pool.adapter_slots.total} slots used`;
+  $("pool-text").textContent = `${pool.running_sequences} running, ${pool.waiting_sequences} waiting; ` +
+    `${pool.adapter_loads} adapter loads, ${pool.adapter_evictions} evictions; ` +
+    `host only: ${pool.host_adapters.join(", ") || "none"}`;
+  $("resident-list").replaceChildren(...pool.device_adapters.map((a) =>
+    element("li", {}, `${a.name} — slot ${a.slot}, rank ${a.rank}${a.pinned ? ", pinned" : ""}`)));
+  const now = parseMetrics(metricsText);
+  if (previous) {
+    const seconds = Math.max(1e-3, now.time - previous.time);
+    push(history.tokensPerSecond, (now.tokens - previous.tokens) / seconds);
+    push(history.ttftMs, meanOver(now, previous, "ttftSum", "ttftCount"));
+    push(history.itlMs, meanOver(now, previous, "itlSum", "itlCount"));
+  }
+  previous = now;
+  drawLines($("throughput-chart"), [history.tokensPerSecond], ["tokens/s"]);
+  drawLines($("latency-chart"), [history.ttftMs, history.itlMs], ["TTFT ms", "inter-token ms"]);
+}

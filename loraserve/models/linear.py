@@ -9,6 +9,8 @@ and float32 is the mode that must match transformers token for token.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,8 +20,20 @@ PACKING_BATCH_HINT = 32
 
 
 def can_pack(dtype: torch.dtype, device: str) -> bool:
-    """Packing pays (and is exact) for bfloat16 on a CPU build with oneDNN."""
-    return device == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    """Packing pays (and is exact) for bfloat16 on a CPU whose oneDNN can reorder bfloat16 weights."""
+    return device == "cpu" and dtype == torch.bfloat16 and _onednn_reorders_bfloat16()
+
+
+@functools.cache
+def _onednn_reorders_bfloat16() -> bool:
+    # oneDNN's bf16 path needs AVX512 (bw/vl/dq) or AVX-NE-CONVERT; asking it is surer than reading CPU flags.
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACKING_BATCH_HINT)
+    except RuntimeError:
+        return False
+    return True
 
 
 class Linear(nn.Module):

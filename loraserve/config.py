@@ -82,12 +82,15 @@ class LoraConfig:
 
     max_loras: int = 8  # adapter slots on the device
     max_lora_rank: int = 16  # adapters of a higher rank are refused at load
+    host_cache_bytes: int = 4 << 30  # adapters kept in CPU memory, least recently used dropped first
 
     def __post_init__(self) -> None:
         if self.max_loras < 0:
             raise ConfigError("--max-loras", "must be >= 0 (0 disables LoRA)")
         if self.max_lora_rank < 1:
             raise ConfigError("--max-lora-rank", "must be at least 1")
+        if self.host_cache_bytes < 1:
+            raise ConfigError("--host-cache-bytes", "must be a positive number of bytes")
 
 
 @dataclass(frozen=True)

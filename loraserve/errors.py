@@ -64,3 +64,7 @@ class AdapterNotFoundError(LoraserveError, LookupError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no adapter named {name!r} is registered")
         self.name = name
+
+
+class AdapterUnavailableError(LoraserveError):
+    """A registered adapter could not be loaded when a request needed it (503 on the wire)."""

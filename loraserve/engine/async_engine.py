@@ -55,6 +55,7 @@ class AsyncLLMEngine:
         self._stopping = True
         self._has_work.set()
         self._thread.join(timeout=30)
+        self.engine.close()
 
     async def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None

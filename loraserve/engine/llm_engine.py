@@ -19,7 +19,7 @@ from loraserve.engine.stats import EngineStats, ResidentAdapter
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
-from loraserve.lora.manager import AdapterManager
+from loraserve.lora.manager import AdapterManager, AdapterSource
 from loraserve.models import LoadedModel, load_model
 
 
@@ -34,7 +34,7 @@ class LLMEngine:
         self.model_runner = ModelRunner(self.loaded, config.cache, config.lora, seed=config.seed)
         self.block_manager = BlockManager(self.model_runner.num_blocks, config.cache.block_size)
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
-        self.adapters = AdapterManager(self.model_runner.adapter_slots)
+        self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
         self._requests: dict[str, Request] = {}
         self._retiring: set[str] = set()  # removed adapters whose last requests still run
@@ -48,18 +48,26 @@ class LLMEngine:
         base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
         return read_adapter(Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank, base_names)
 
-    def add_adapter(self, name: str, source: str | Path | LoraAdapter) -> LoraAdapter:
-        """Serve an adapter (a PEFT directory, or one `read_adapter` returned) under `name`.
+    def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
+        """Read, validate and serve the PEFT adapter in `path` under `name`; nothing changes on error.
 
-        Nothing changes on error. It takes a device slot at its first request.
+        It takes a device slot at its first request.
         """
+        self._check_new_name(name)
+        adapter = self.read_adapter(path)
+        self.adapters.register(name, AdapterSource(Path(path), adapter.sha256), adapter)
+        return adapter
+
+    def register_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
+        """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`)."""
+        self._check_new_name(name)
+        self.adapters.register(name, AdapterSource(path, sha256), adapter)
+
+    def _check_new_name(self, name: str) -> None:
         if not name or "/" in name or name == self.loaded.name:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
         if name in self._retiring:
             raise AdapterError("name", f"adapter {name!r} was removed and its last requests still run; retry soon")
-        adapter = source if isinstance(source, LoraAdapter) else self.read_adapter(source)
-        self.adapters.register(name, adapter)
-        return adapter
 
     def remove_adapter(self, name: str) -> None:
         """Stop accepting requests for the adapter; the ones already queued or running finish with it."""
@@ -98,6 +106,8 @@ class LLMEngine:
         )
         self._requests[request_id] = request
         self.scheduler.add_request(request)
+        if adapter is not None:
+            self.adapters.prefetch(adapter)
         return request
 
     def abort_request(self, request_id: str) -> None:
@@ -112,11 +122,12 @@ class LLMEngine:
             ResidentAdapter(
                 name=name,
                 slot=slots.slot_of(name),
-                rank=adapters.adapter(name).rank,
-                num_bytes=adapters.adapter(name).num_bytes,
+                rank=rank,
+                num_bytes=num_bytes,
                 pinned=adapters.is_pinned(name),
             )
             for name in slots.names
+            for rank, num_bytes in [adapters.rank_and_bytes(name) or (0, 0)]
         ]
         return EngineStats(
             kv_blocks_total=self.block_manager.num_blocks,
@@ -124,7 +135,7 @@ class LLMEngine:
             block_size=self.block_manager.block_size,
             adapter_slots_total=slots.num_slots,
             device_adapters=device,
-            host_adapters=[name for name in adapters.names if name not in slots],
+            host_adapters=[name for name in adapters.host.names if name not in slots],
             adapter_loads=adapters.stats.loads,
             adapter_evictions=adapters.stats.evictions,
             adapter_load_seconds_total=adapters.stats.load_seconds_total,
@@ -133,16 +144,22 @@ class LLMEngine:
             preemptions=self.scheduler.num_preemptions,
         )
 
+    def close(self) -> None:
+        """Stop the adapter loader thread."""
+        self.adapters.close()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """One iteration of the batch; returns the requests that got tokens (finished ones last time)."""
         batch = self.scheduler.schedule()
-        if batch.is_empty:
-            return []
-        output = self.model_runner.run(batch)
-        touched = self.scheduler.postprocess(batch, output)
+        touched = self.scheduler.take_failed()
+        if not batch.is_empty:
+            output = self.model_runner.run(batch)
+            touched += self.scheduler.postprocess(batch, output)
+        elif not touched and self.scheduler.has_unfinished():
+            self.adapters.wait_for_load(timeout=0.05)  # nothing can run before an adapter arrives
         results = [self.request_output(request) for request in touched]
         finished = [request for request in touched if request.is_finished]
         for request in finished:
@@ -181,6 +198,7 @@ class LLMEngine:
             outputs=completions,
             finished=request.is_finished,
             timings=_timings(request),
+            error=request.error,
         )
 
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:

@@ -46,3 +46,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     timings: RequestTimings
+    error: str | None = None  # set when it ended with finish_reason "error" (its adapter could not be loaded)

@@ -5,8 +5,10 @@ waiting ones while the token budget, the sequence limit and the free KV blocks a
 A prompt longer than the remaining budget is computed in chunks over several steps.
 When a running sequence cannot get a block, the most recently admitted ones are
 preempted: their blocks are freed and they are recomputed later from their tokens.
-A waiting sequence whose adapter cannot be made resident yet is passed over; the
-ones behind it may still start.
+A waiting sequence whose adapter is still loading is passed over; the ones behind it
+may start. When it waits because every adapter slot is busy, no later sequence with an
+adapter is admitted until it gets one: running sequences end within their max_tokens,
+a slot falls idle, and a hot adapter cannot keep a cold one waiting forever.
 
 Plain Python, no torch: tested without a model.
 """
@@ -24,6 +26,7 @@ from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.stop_checker import StopChecker
+from loraserve.lora.residency import Residency
 
 # Free blocks kept back when admitting new work, so running sequences can grow a little.
 WATERMARK_FRACTION = 0.01
@@ -32,9 +35,11 @@ WATERMARK_FRACTION = 0.01
 class AdapterResidency(Protocol):
     """What the scheduler needs from the adapter manager."""
 
-    def acquire(self, name: str) -> bool: ...  # resident for one more running sequence, or False
+    def acquire(self, name: str) -> Residency: ...  # READY counts one more running sequence
 
     def release(self, name: str) -> None: ...
+
+    def failure(self, name: str) -> str | None: ...
 
 
 class Scheduler:
@@ -58,6 +63,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._seq_ids = itertools.count()
         self._watermark = int(block_manager.num_blocks * WATERMARK_FRACTION)
+        self._failed: list[Request] = []
 
     def add_request(self, request: Request) -> None:
         seq = Sequence(
@@ -102,6 +108,7 @@ class Scheduler:
         kept_ids = {seq.seq_id for seq in kept}
         self.running = [seq for seq in self.running if seq.seq_id in kept_ids]
         # Admitting new work right after preempting would only preempt again.
+        waiting_for_slot = False
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs or preempted:
                 break
@@ -109,8 +116,16 @@ class Scheduler:
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
                 break
             adapter = seq.request.adapter
-            if adapter is not None and not self.adapters.acquire(adapter):
-                continue
+            if adapter is not None:
+                if waiting_for_slot:
+                    continue
+                residency = self.adapters.acquire(adapter)
+                if residency is Residency.FAILED:
+                    self._fail(seq)
+                    continue
+                if residency is not Residency.READY:
+                    waiting_for_slot = residency is Residency.NO_SLOT
+                    continue
             self.waiting.remove(seq)
             copies += self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
@@ -139,6 +154,11 @@ class Scheduler:
                 self._finish(seq, reason, now)
             touched[seq.request.request_id] = seq.request
         return list(touched.values())
+
+    def take_failed(self) -> list[Request]:
+        """Requests ended with an error since the last call (their adapter could not be loaded)."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def abort(self, request: Request) -> None:
         """Stop every sequence of the request now and free its blocks."""
@@ -192,6 +212,13 @@ class Scheduler:
             self._stop_running(seq)
         if seq.request.is_finished:
             seq.request.finished_time = now
+
+    def _fail(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        seq.request.error = self.adapters.failure(seq.request.adapter or "")
+        self._finish(seq, "error", self.clock())
+        if seq.request.is_finished:
+            self._failed.append(seq.request)
 
     def _stop_running(self, seq: Sequence) -> None:
         if seq.request.adapter is not None:

@@ -29,6 +29,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None
     finished_time: float | None = None
+    error: str | None = None  # why it ended with finish_reason "error"
 
     @property
     def is_finished(self) -> bool:

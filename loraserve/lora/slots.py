@@ -6,6 +6,9 @@ scales [num_slots], rank 0 where the slot's adapter does not adapt that projecti
 kernels then do nothing for it). Storage is padded to `max_rank`; compute is not (the
 kernels stop at each adapter's rank). The unified paged pool (S-LoRA) replaces this
 padded storage later; the interface to the model stays `LayerLora`.
+
+A load reserves a slot, writes it (possibly from the loader thread while steps run:
+no step reads a reserved slot) and activates it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ class AdapterSlots:
 
     def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, dtype: torch.dtype, device: str) -> None:
         self.num_slots, self.max_rank = num_slots, max_rank
-        self._slot_of: dict[str, int] = {}
+        self._slot_of: dict[str, int] = {}  # loaded: the kernels may use these
+        self._reserved: dict[str, int] = {}  # taken for a load in flight
         self.layers: list[LayerLora] = [
             {
                 name: ProjectionLora(
@@ -53,6 +57,7 @@ class AdapterSlots:
 
     @property
     def names(self) -> list[str]:
+        """Adapters whose weights are in a slot, ready for the kernels."""
         return list(self._slot_of)
 
     def slot_of(self, name: str) -> int:
@@ -61,14 +66,28 @@ class AdapterSlots:
     def __contains__(self, name: str) -> bool:
         return name in self._slot_of
 
-    def load(self, name: str, adapter: LoraAdapter) -> int:
-        """Copy the adapter's weights into a free slot; returns the slot."""
-        if name in self._slot_of:
-            raise AdapterError("name", f"adapter {name!r} is already loaded")
-        free = sorted(set(range(self.num_slots)) - set(self._slot_of.values()))
+    @property
+    def num_free(self) -> int:
+        return self.num_slots - len(self._slot_of) - len(self._reserved)
+
+    def reserve(self, name: str) -> int:
+        """Take a free slot for `name` (its weights are written next, maybe from another thread)."""
+        taken = set(self._slot_of.values()) | set(self._reserved.values())
+        free = [slot for slot in range(self.num_slots) if slot not in taken]
         if not free:
-            raise AdapterError("name", f"all {self.num_slots} adapter slots are in use; remove one or raise max_loras")
-        slot = free[0]
+            raise AdapterError("name", f"all {self.num_slots} adapter slots are in use; raise max_loras")
+        self._reserved[name] = free[0]
+        return free[0]
+
+    def is_reserved(self, name: str) -> bool:
+        return name in self._reserved
+
+    def cancel(self, name: str) -> None:
+        del self._reserved[name]
+
+    def write(self, name: str, adapter: LoraAdapter) -> None:
+        """Copy the weights into the slot reserved for `name`; no other slot is touched."""
+        slot = self._reserved[name]
         # read_adapter already refused ranks above the maximum the slots were sized for.
         assert all(w.rank <= self.max_rank for w in adapter.weights.values()), "adapter read with another max rank"
         for layer_index, layer in enumerate(self.layers):
@@ -83,8 +102,10 @@ class AdapterSlots:
                 target.lora_a[slot, : weights.rank] = weights.a
                 target.lora_b[slot, :, : weights.rank] = weights.b
                 target.ranks[slot], target.scales[slot] = weights.rank, weights.scale
-        self._slot_of[name] = slot
-        return slot
+
+    def activate(self, name: str) -> None:
+        """The reserved slot's weights are written: the kernels may use it from the next step."""
+        self._slot_of[name] = self._reserved.pop(name)
 
     def unload(self, name: str) -> None:
         slot = self._slot_of.pop(name)

@@ -150,6 +150,8 @@ async def _set_pinned(state: ServerState, name: str, pinned: bool) -> dict[str, 
         (engine.adapters.pin if pinned else engine.adapters.unpin)(name)
 
     await state.engine.call(apply)
+    if pinned:  # answer once the weights are in their slot, so the record shows them there
+        await asyncio.to_thread(state.engine.engine.adapters.wait_resident, name)
     return await _record(state, state.catalog.get(name))
 
 

@@ -33,12 +33,8 @@ class AdapterCatalog:
             if info.status != "ready":
                 logger.warning("adapter %r not served: %s", info.name, info.status_reason)
                 continue
-            try:
-                self.engine.engine.add_adapter(info.name, self.registry.files_of(info))
-            except AdapterError as error:
-                self.registry.mark_failed(info.name, str(error))
-                logger.warning("adapter %r not served: %s", info.name, error)
-                continue
+            # Read at its first request (the hash was just checked); thousands may be registered.
+            self.engine.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256)
             self._ready[info.name] = info
 
     def register_samples(self, directory: Path) -> None:
@@ -73,8 +69,9 @@ class AdapterCatalog:
         info = await asyncio.to_thread(
             self.registry.create, name, source_dir, adapter, self.base_model, system_prompt, description
         )
+        stored = self.registry.files_of(info)
         try:
-            await self.engine.call(lambda engine: engine.add_adapter(name, adapter))
+            await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter))
         except BaseException:
             await asyncio.to_thread(self.registry.delete, name)
             raise

@@ -12,6 +12,7 @@ from loraserve.errors import (
     AdapterError,
     AdapterExistsError,
     AdapterNotFoundError,
+    AdapterUnavailableError,
     InvalidRequestError,
     PayloadTooLargeError,
     RegistryError,
@@ -52,9 +53,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def too_large(_: Request, error: PayloadTooLargeError) -> JSONResponse:
         return error_response(413, str(error), "invalid_request_error", 413)
 
+    @app.exception_handler(AdapterUnavailableError)
     @app.exception_handler(RegistryError)
-    async def registry_failed(_: Request, error: RegistryError) -> JSONResponse:
-        return error_response(503, str(error), "server_error", "registry_unavailable")
+    async def unavailable(_: Request, error: Exception) -> JSONResponse:
+        return error_response(503, str(error), "server_error", "unavailable")
 
     @app.exception_handler(NotFoundError)
     async def not_found(_: Request, error: NotFoundError) -> JSONResponse:

@@ -8,6 +8,7 @@ from contextlib import aclosing
 from fastapi import Request
 
 from loraserve.engine import RequestOutput, SamplingParams
+from loraserve.errors import AdapterUnavailableError
 from loraserve.registry import AdapterInfo
 from loraserve.server.state import ServerState, server_state
 
@@ -26,6 +27,8 @@ async def generate(
     state = server_state(http)
     async with aclosing(state.engine.generate(request_id, prompt, params, adapter)) as outputs:
         async for output in outputs:
+            if output.error is not None:
+                raise AdapterUnavailableError(f"adapter {adapter!r} cannot be loaded: {output.error}")
             if output.finished:
                 state.metrics.record_request(adapter or state.model_name, output)
                 if adapter is not None:

@@ -12,7 +12,7 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.stop_checker import StopChecker
-from tests.lora.tiny_adapters import tiny_adapter, tiny_adapter_manager
+from tests.lora.tiny_adapters import register_tiny, tiny_adapter_manager
 
 EOS = 2
 
@@ -157,17 +157,46 @@ def test_n_greater_than_one_forks_after_the_prompt(tokenizer):
 
 def test_a_request_whose_adapter_has_no_free_slot_waits_while_later_ones_run(tokenizer):
     adapters = tiny_adapter_manager(num_slots=1)
-    adapters.register("a", tiny_adapter(0))
-    adapters.register("b", tiny_adapter(1))
+    register_tiny(adapters, "a", seed=0)
+    register_tiny(adapters, "b", seed=1)
     scheduler = make_scheduler(tokenizer, adapters=adapters)
     add(scheduler, "r-a", prompt_len=2, max_tokens=2, adapter="a")
     b = add(scheduler, "r-b", prompt_len=2, max_tokens=2, adapter="b")
     add(scheduler, "r-base", prompt_len=2, max_tokens=2)
     batch = step(scheduler)
-    assert [item.seq.request.request_id for item in batch.scheduled] == ["r-a", "r-base"]
-    assert adapters.slots.names == ["a"]
-    step(scheduler)  # a's request finishes: its slot is free for b at the next step
+    assert [item.seq.request.request_id for item in batch.scheduled] == ["r-base"], "a is loading, b has no slot"
+    assert adapters.wait_idle()
+    batch = step(scheduler)
+    assert [item.seq.request.request_id for item in batch.scheduled] == ["r-base", "r-a"]  # decodes first
+    step(scheduler)  # a's request finishes: its slot goes to b
+    step(scheduler)
+    assert adapters.wait_idle()
     batch = step(scheduler)
     assert [item.seq.request for item in batch.scheduled] == [b]
     assert adapters.slots.names == ["b"], "a was evicted once it had no running sequence"
     assert adapters.stats.evictions == 1
+
+
+def test_a_flood_for_one_adapter_cannot_starve_another(tokenizer):
+    """Bound: with every slot busy, a cold adapter's request starts once the sequences running when it
+    arrived have finished (at most max_tokens steps) plus its load; no later request overtakes it."""
+    max_tokens = 4
+    adapters = tiny_adapter_manager(num_slots=1)
+    register_tiny(adapters, "hot", seed=0)
+    register_tiny(adapters, "cold", seed=1)
+    scheduler = make_scheduler(tokenizer, num_blocks=256, adapters=adapters)
+    early = [add(scheduler, f"hot-{i}", 2, max_tokens, adapter="hot") for i in range(6)]
+    cold = add(scheduler, "cold", 2, max_tokens, adapter="cold")
+    late = [add(scheduler, f"hot-late-{i}", 2, max_tokens, adapter="hot") for i in range(6)]
+    first_step: dict[str, int] = {}
+    for index in range(40):
+        for item in step(scheduler).scheduled:
+            first_step.setdefault(item.seq.request.request_id, index)
+        adapters.wait_idle()
+        if not scheduler.has_unfinished():
+            break
+    assert not scheduler.has_unfinished(), "everything completes"
+    hot_started = max(first_step[r.request_id] for r in early)
+    assert first_step["cold"] <= hot_started + max_tokens + 2
+    assert all(first_step[r.request_id] > first_step["cold"] for r in late), "nobody overtakes the cold request"
+    assert cold.first_scheduled_time is not None

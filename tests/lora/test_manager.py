@@ -1,67 +1,136 @@
-"""Adapter residency: slots are loaded on use, idle ones evicted least recently used first."""
+"""Adapter tiers: disk -> host -> device slots, loaded off the caller's thread, evicted LRU among idle ones."""
 
 from __future__ import annotations
+
+import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from loraserve.errors import AdapterError, UnknownAdapterError
-from tests.lora.tiny_adapters import tiny_adapter, tiny_adapter_manager
+from loraserve.lora.host_cache import host_bytes
+from loraserve.lora.residency import Residency
+from tests.lora.tiny_adapters import read_tiny, register_tiny, tiny_adapter, tiny_adapter_manager
 
 
-def test_acquire_loads_into_a_slot_with_the_adapters_weights():
+def acquire_when_loaded(manager, name: str) -> Residency:
+    first = manager.acquire(name)
+    if first is not Residency.LOADING:
+        return first
+    assert manager.wait_idle()
+    return manager.acquire(name)
+
+
+def test_a_load_reads_from_disk_then_copies_into_a_slot():
     manager = tiny_adapter_manager(num_slots=2)
-    adapter = tiny_adapter(seed=1)
-    manager.register("a", adapter)
-    assert manager.residency("a") == "host"
-    assert manager.acquire("a")
+    register_tiny(manager, "a", seed=1)
+    assert manager.residency("a") == "disk"
+    assert manager.acquire("a") is Residency.LOADING
+    assert manager.wait_idle()
+    assert manager.residency("a") == "device"
+    assert manager.acquire("a") is Residency.READY
     slot = manager.slots.slot_of("a")
     q = manager.slots.layers[1]["q_proj"]
-    assert torch.equal(q.lora_a[slot, :2], adapter.weights[(1, "q_proj")].a)
+    assert torch.equal(q.lora_a[slot, :2], tiny_adapter(1).weights[(1, "q_proj")].a)
     assert (int(q.ranks[slot]), float(q.scales[slot])) == (2, 2.0)
-    assert manager.residency("a") == "device"
-    assert manager.stats.loads == 1
+    assert (manager.stats.loads, manager.stats.disk_reads) == (1, 1)
 
 
 def test_busy_adapters_are_never_evicted_and_idle_ones_go_least_recently_used_first():
     manager = tiny_adapter_manager(num_slots=2)
     for seed, name in enumerate("abc"):
-        manager.register(name, tiny_adapter(seed))
-    assert manager.acquire("a") and manager.acquire("b")
-    assert not manager.acquire("c"), "both slots have running sequences"
+        register_tiny(manager, name, seed)
+    assert acquire_when_loaded(manager, "a") is Residency.READY
+    assert acquire_when_loaded(manager, "b") is Residency.READY
+    assert manager.acquire("c") is Residency.NO_SLOT, "both slots have running sequences"
     manager.release("a")
     manager.release("b")
-    assert manager.acquire("c")
+    assert acquire_when_loaded(manager, "c") is Residency.READY
     assert set(manager.slots.names) == {"b", "c"}, "a was used least recently"
     assert manager.stats.evictions == 1
+    assert manager.residency("a") == "host", "evicted from the device, still in the host cache"
+
+
+def test_prefetch_reads_into_the_host_cache_and_the_host_cache_keeps_its_budget():
+    one = host_bytes(tiny_adapter(0))
+    manager = tiny_adapter_manager(num_slots=1, host_cache_bytes=2 * one)
+    for seed, name in enumerate("abc"):
+        register_tiny(manager, name, seed)
+        manager.prefetch(name)
+        assert manager.wait_idle()
+    assert manager.host.names == ["b", "c"], "a left first"
+    assert manager.host.num_bytes == 2 * one
+    assert [manager.residency(n) for n in "abc"] == ["disk", "host", "host"]
+
+
+def test_a_slow_load_does_not_block_the_caller():
+    release = threading.Event()
+
+    def slow_read(path: Path):
+        release.wait(timeout=30)
+        return read_tiny(path)
+
+    manager = tiny_adapter_manager(num_slots=2, read=slow_read)
+    register_tiny(manager, "slow", seed=3)
+    assert manager.acquire("slow") is Residency.LOADING  # returns at once: the worker reads
+    assert manager.acquire("slow") is Residency.LOADING
+    release.set()
+    assert manager.wait_idle()
+    assert manager.acquire("slow") is Residency.READY
+
+
+def test_an_unreadable_adapter_fails_with_its_reason_and_frees_its_slot():
+    def broken_read(path: Path):
+        raise AdapterError("adapter_model.safetensors", "truncated")
+
+    manager = tiny_adapter_manager(num_slots=1, read=broken_read)
+    register_tiny(manager, "broken", seed=0)
+    manager.acquire("broken")
+    assert manager.wait_idle()
+    assert manager.acquire("broken") is Residency.FAILED
+    assert "truncated" in manager.failure("broken")
+    assert manager.slots.num_free == 1
+
+
+def test_a_changed_file_fails_the_hash_check():
+    from loraserve.lora.manager import AdapterSource
+
+    manager = tiny_adapter_manager(num_slots=1)
+    manager.register("a", AdapterSource(Path("tiny/1"), sha256="0" * 64))
+    manager.acquire("a")
+    assert manager.wait_idle()
+    assert manager.acquire("a") is Residency.FAILED
+    assert "changed on disk" in manager.failure("a")
 
 
 def test_pinned_adapter_stays_and_one_slot_always_stays_unpinned():
     manager = tiny_adapter_manager(num_slots=2)
     for seed, name in enumerate("abc"):
-        manager.register(name, tiny_adapter(seed))
+        register_tiny(manager, name, seed)
     manager.pin("a")
+    assert manager.wait_idle()
     assert manager.residency("a") == "device", "pinning loads at once"
     with pytest.raises(AdapterError, match="pinned"):
         manager.pin("b")
-    assert manager.acquire("b")
+    assert acquire_when_loaded(manager, "b") is Residency.READY
     manager.release("b")
-    assert manager.acquire("c")
+    assert acquire_when_loaded(manager, "c") is Residency.READY
     assert set(manager.slots.names) == {"a", "c"}, "b was evicted, the pinned a stayed"
 
 
 def test_unregister_frees_the_slot_and_the_name():
     manager = tiny_adapter_manager(num_slots=1)
-    manager.register("a", tiny_adapter(0))
-    assert manager.acquire("a")
+    register_tiny(manager, "a", seed=0)
+    assert acquire_when_loaded(manager, "a") is Residency.READY
     manager.release("a")
     manager.unregister("a")
-    assert "a" not in manager and manager.slots.names == []
+    assert "a" not in manager and manager.slots.names == [] and manager.host.names == []
     with pytest.raises(UnknownAdapterError):
         manager.unregister("a")
-    manager.register("a", tiny_adapter(1))  # the name can be reused
+    register_tiny(manager, "a", seed=1)  # the name can be reused
 
 
 def test_lora_disabled_refuses_adapters_by_name():
     with pytest.raises(AdapterError, match="max_loras"):
-        tiny_adapter_manager(num_slots=0).register("a", tiny_adapter(0))
+        register_tiny(tiny_adapter_manager(num_slots=0), "a", seed=0)

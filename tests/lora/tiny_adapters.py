@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 
 from loraserve.lora.adapter import LoraAdapter, LoraWeights
-from loraserve.lora.manager import AdapterManager
+from loraserve.lora.manager import AdapterManager, AdapterSource
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.llama import LlamaSpec
 
@@ -30,5 +33,16 @@ def tiny_adapter(seed: int, rank: int = 2) -> LoraAdapter:
     )  # fmt: skip
 
 
-def tiny_adapter_manager(num_slots: int, max_rank: int = 4) -> AdapterManager:
-    return AdapterManager(AdapterSlots(TINY_SPEC, num_slots, max_rank, torch.float32, "cpu"))
+def read_tiny(path: Path) -> LoraAdapter:
+    """The 'disk' of these tests: a path named tiny/<seed> reads as tiny_adapter(seed)."""
+    return tiny_adapter(int(path.name))
+
+
+def tiny_adapter_manager(
+    num_slots: int, read: Callable[[Path], LoraAdapter] = read_tiny, host_cache_bytes: int = 1 << 30
+) -> AdapterManager:
+    return AdapterManager(AdapterSlots(TINY_SPEC, num_slots, 4, torch.float32, "cpu"), read, host_cache_bytes)
+
+
+def register_tiny(manager: AdapterManager, name: str, seed: int) -> None:
+    manager.register(name, AdapterSource(Path("tiny") / str(seed), None))

@@ -1,0 +1,47 @@
+"""Adapters read from disk, kept in CPU memory up to a byte budget; least recently used leave first."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from loraserve.lora.adapter import LoraAdapter
+
+
+def host_bytes(adapter: LoraAdapter) -> int:
+    """What the adapter's float32 weights take in memory."""
+    return sum((w.a.numel() + w.b.numel()) * w.a.element_size() for w in adapter.weights.values())
+
+
+class HostCache:
+    """Not thread-safe on its own: the adapter manager's lock guards it."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._adapters: OrderedDict[str, LoraAdapter] = OrderedDict()  # least recently used first
+        self.num_bytes = 0
+
+    def get(self, name: str) -> LoraAdapter | None:
+        adapter = self._adapters.get(name)
+        if adapter is not None:
+            self._adapters.move_to_end(name)
+        return adapter
+
+    def put(self, name: str, adapter: LoraAdapter) -> None:
+        """Keep `adapter`; older ones leave while the cache is over budget (the newest always stays)."""
+        self.drop(name)
+        self._adapters[name] = adapter
+        self.num_bytes += host_bytes(adapter)
+        while self.num_bytes > self.capacity_bytes and len(self._adapters) > 1:
+            self.drop(next(iter(self._adapters)))
+
+    def drop(self, name: str) -> None:
+        adapter = self._adapters.pop(name, None)
+        if adapter is not None:
+            self.num_bytes -= host_bytes(adapter)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._adapters)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._adapters

@@ -6,9 +6,10 @@ A prompt longer than the remaining budget is computed in chunks over several ste
 When a running sequence cannot get a block, the most recently admitted ones are
 preempted: their blocks are freed and they are recomputed later from their tokens.
 A waiting sequence whose adapter is still loading is passed over; the ones behind it
-may start. When it waits because every adapter slot is busy, no later sequence with an
-adapter is admitted until it gets one: running sequences end within their max_tokens,
-a slot falls idle, and a hot adapter cannot keep a cold one waiting forever.
+may start. When it waits because every adapter slot is busy, one resident adapter is
+drained: no new sequence of it is admitted until its running ones end (within their
+max_tokens); then its slot is idle and goes to the waiting adapter, so a
+hot adapter cannot keep a cold one waiting forever, while the other slots keep working.
 
 Plain Python, no torch: tested without a model.
 """
@@ -41,6 +42,8 @@ class AdapterResidency(Protocol):
 
     def failure(self, name: str) -> str | None: ...
 
+    def drain_candidate(self) -> str | None: ...  # the resident adapter to free a slot from
+
 
 class Scheduler:
     """Owns the waiting and running queues and every sequence's status."""
@@ -64,6 +67,7 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._watermark = int(block_manager.num_blocks * WATERMARK_FRACTION)
         self._failed: list[Request] = []
+        self._draining: str | None = None  # admits no new sequence until drained (see the module doc)
 
     def add_request(self, request: Request) -> None:
         seq = Sequence(
@@ -108,7 +112,8 @@ class Scheduler:
         kept_ids = {seq.seq_id for seq in kept}
         self.running = [seq for seq in self.running if seq.seq_id in kept_ids]
         # Admitting new work right after preempting would only preempt again.
-        waiting_for_slot = False
+        if self._draining is not None and not any(seq.request.adapter == self._draining for seq in self.running):
+            self._draining = None  # drained: its idle slot goes to the first waiting request that needs one
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs or preempted:
                 break
@@ -117,14 +122,15 @@ class Scheduler:
                 break
             adapter = seq.request.adapter
             if adapter is not None:
-                if waiting_for_slot:
+                if adapter == self._draining:
                     continue
                 residency = self.adapters.acquire(adapter)
                 if residency is Residency.FAILED:
                     self._fail(seq)
                     continue
+                if residency is Residency.NO_SLOT and self._draining is None:
+                    self._draining = self.adapters.drain_candidate()
                 if residency is not Residency.READY:
-                    waiting_for_slot = residency is Residency.NO_SLOT
                     continue
             self.waiting.remove(seq)
             copies += self.block_manager.allocate(seq, num_new)

@@ -141,6 +141,14 @@ class AdapterManager:
             if not self._running[name]:
                 del self._running[name]
 
+    def drain_candidate(self) -> str | None:
+        """The unpinned resident adapter that frees its slot soonest: fewest running sequences, then LRU."""
+        with self._lock:
+            candidates = [n for n in self.slots.names if n not in self._pinned]
+            if not candidates:
+                return None
+            return min(candidates, key=lambda n: (self._running[n], self._last_used.get(n, -1)))
+
     def failure(self, name: str) -> str | None:
         return self._failures.get(name)
 

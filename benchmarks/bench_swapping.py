@@ -1,0 +1,192 @@
+"""Adapter swapping under load: 1,000 adapters with Zipf(1.0) popularity through 32 device slots,
+Poisson arrivals, against the same workload over 8 adapters that all stay resident.
+
+    python -m benchmarks.bench_swapping            # writes its section of docs/benchmarks.md
+    python -m benchmarks.bench_swapping --quick    # smoke run, nothing written
+
+Adapters: ranks 8 and 16 alternating on q_proj and v_proj, random weights written as PEFT
+safetensors files (loads read them from disk: disk -> host cache -> device slot). Greedy,
+EOS ignored, the engine driven in-process with each request added at its arrival time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from benchmarks.report import machine_description, write_section
+from benchmarks.workloads import chat_workload
+from loraserve import SamplingParams
+from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
+from loraserve.engine import LLMEngine
+from loraserve.engine.chat import chat_prompt_ids
+from loraserve.models import LoadedModel, load_model
+from loraserve.models.llama import LlamaSpec
+
+SECTION = "adapter-swapping"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float  # seconds after the start
+    prompt: list[int]
+    adapter: str
+
+
+@dataclass(frozen=True)
+class RunResult:
+    tokens_per_second: float
+    ttft_p50: float
+    ttft_p99: float
+    loads: int
+    evictions: int
+    failed: int
+
+
+def write_adapters(spec: LlamaSpec, count: int, out_dir: Path) -> list[Path]:
+    """PEFT directories with random q_proj / v_proj LoRA weights, ranks 8 and 16 alternating."""
+    shapes = {"q_proj": spec.num_heads * spec.head_dim, "v_proj": spec.num_kv_heads * spec.head_dim}
+    generator = torch.Generator().manual_seed(0)
+    paths = []
+    for i in range(count):
+        rank = 8 if i % 2 == 0 else 16
+        tensors = {}
+        for layer in range(spec.num_layers):
+            for projection, out_features in shapes.items():
+                prefix = f"base_model.model.model.layers.{layer}.self_attn.{projection}"
+                tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, spec.hidden_size, generator=generator) * 0.02
+                tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
+        path = out_dir / f"adapter-{i}"
+        path.mkdir()
+        save_file(tensors, path / "adapter_model.safetensors")
+        config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(shapes)}
+        (path / "adapter_config.json").write_text(json.dumps(config))
+        paths.append(path)
+    return paths
+
+
+def zipf_arrivals(prompts: list[list[int]], num_adapters: int, rate: float, seed: int = 0) -> list[Arrival]:
+    """Adapter k (0-based) drawn with probability proportional to 1/(k+1); exponential gaps at `rate`/s."""
+    rng = random.Random(seed)
+    weights = [1 / (k + 1) for k in range(num_adapters)]
+    at, arrivals = 0.0, []
+    for prompt in prompts:
+        at += rng.expovariate(rate)
+        (adapter,) = rng.choices(range(num_adapters), weights)
+        arrivals.append(Arrival(at, prompt, f"adapter-{adapter}"))
+    return arrivals
+
+
+def run(loaded: LoadedModel, paths: list[Path], arrivals: list[Arrival], slots: int, max_tokens: int) -> RunResult:
+    config = EngineConfig(
+        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
+        cache=CacheConfig(kv_cache_memory=1 << 30),
+        lora=LoraConfig(max_loras=slots, max_lora_rank=16),
+        scheduler=SchedulerConfig(max_num_seqs=64),
+    )
+    engine = LLMEngine(config, loaded=loaded)
+    for path in paths:
+        engine.register_adapter(path.name, path, sha256=None)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    pending = deque(arrivals)
+    finished = []
+    start = time.monotonic()
+    while pending or engine.has_unfinished_requests():
+        now = time.monotonic() - start
+        while pending and pending[0].at <= now:
+            arrival = pending.popleft()
+            engine.add_request(f"r{len(pending)}", arrival.prompt, params, start + arrival.at, arrival.adapter)
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0].at - now))
+            continue
+        finished += [output for output in engine.step() if output.finished]
+    elapsed = time.monotonic() - start
+    engine.close()
+    ttfts = sorted(o.timings.ttft for o in finished if o.timings.ttft is not None)
+    stats = engine.stats()
+    return RunResult(
+        tokens_per_second=sum(len(o.outputs[0].token_ids) for o in finished) / elapsed,
+        ttft_p50=statistics.median(ttfts),
+        ttft_p99=ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        loads=stats.adapter_loads,
+        evictions=stats.adapter_evictions,
+        failed=sum(o.outputs[0].finish_reason == "error" for o in finished),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--adapters", type=int, default=1000)
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+    args = parser.parse_args()
+    if args.quick:
+        args.adapters, args.slots, args.requests, args.rate, args.max_tokens, args.repeats = 12, 4, 12, 50.0, 4, 1
+    loaded = load_model(ModelConfig())
+    workload = chat_workload(args.requests, args.max_tokens, args.max_tokens)
+    prompts = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
+    resident = min(8, args.slots)
+    cases = {
+        f"{args.adapters} adapters, Zipf(1.0), {args.slots} slots": (args.adapters, args.slots),
+        f"{resident} adapters, all resident": (resident, resident),
+    }
+    results: dict[str, list[RunResult]] = {name: [] for name in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_adapters(loaded.model.spec, args.adapters, Path(tmp))
+        for _ in range(args.repeats):
+            for name, (num_adapters, slots) in cases.items():
+                arrivals = zipf_arrivals(prompts, num_adapters, args.rate)
+                results[name].append(run(loaded, paths[:num_adapters], arrivals, slots, args.max_tokens))
+                print(name, results[name][-1], flush=True)
+    if args.quick:
+        return
+    baseline = statistics.median(r.tokens_per_second for r in results[f"{resident} adapters, all resident"])
+    rows = []
+    for name, runs in results.items():
+        tps = [r.tokens_per_second for r in runs]
+        median = statistics.median(tps)
+        last = runs[-1]
+        rows.append(
+            f"| {name} | {median:.0f} ({min(tps):.0f}-{max(tps):.0f}) | {median / baseline:.2f} | "
+            f"{statistics.median(r.ttft_p50 for r in runs):.2f} | {statistics.median(r.ttft_p99 for r in runs):.2f} | "
+            f"{last.loads} | {last.evictions} | {sum(r.failed for r in runs)} |"
+        )
+    command = " ".join(["python -m benchmarks.bench_swapping", *sys.argv[1:]])
+    body = "\n".join(
+        [
+            "## Adapter swapping under load",
+            "",
+            f"Command: `{command}`. Machine: {machine_description()}. Dtype: {loaded.dtype}.",
+            "",
+            f"{args.requests} chat requests of ~60 prompt tokens, {args.max_tokens} new tokens each (greedy, EOS "
+            f"ignored), Poisson arrivals at {args.rate}/s; adapters of ranks 8 and 16 on q_proj and v_proj read "
+            f"from disk on first use. Output tokens/s: median of {args.repeats} runs (min-max); TTFT in seconds; "
+            "loads and evictions of the last run.",
+            "",
+            "| workload | tok/s | vs all resident | TTFT p50 | TTFT p99 | loads | evictions | failed |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+    write_section(args.output, SECTION, body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 // The live view: the memory pool from /admin/pool and rates from /metrics, every few seconds.
 import { call } from "./api.js";
 import { drawLines } from "./chart.js";
-import { element } from "./format.js";
+import { bytes, element } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
 const HISTORY = 60;
@@ -43,8 +43,9 @@ export async function refreshLive() {
   $("slot-meter").value = pool.adapter_slots.used;
   $("slot-text").textContent = `${pool.adapter_slots.used} of ${pool.adapter_slots.total} slots used`;
   $("pool-text").textContent = `${pool.running_sequences} running, ${pool.waiting_sequences} waiting; ` +
-    `${pool.adapter_loads} adapter loads, ${pool.adapter_evictions} evictions; ` +
-    `host only: ${pool.host_adapters.join(", ") || "none"}`;
+    `${pool.adapter_loads} adapter loads, ${pool.adapter_evictions} evictions, ${pool.adapter_disk_reads} disk reads; ` +
+    `host cache ${bytes(pool.host_cache.bytes)} of ${bytes(pool.host_cache.capacity_bytes)}: ` +
+    `${pool.host_adapters.join(", ") || "nothing else"}`;
   $("resident-list").replaceChildren(...pool.device_adapters.map((a) =>
     element("li", {}, `${a.name} — slot ${a.slot}, rank ${a.rank}${a.pinned ? ", pinned" : ""}`)));
   const now = parseMetrics(metricsText);

@@ -30,6 +30,10 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", type=int, default=2 << 30, help="bytes for the KV cache")
     parser.add_argument("--max-loras", type=int, default=8, help="adapters on the device at once (distinct per step)")
     parser.add_argument("--max-lora-rank", type=int, default=16, help="adapters of a higher rank are refused")
+    parser.add_argument(
+        "--host-cache-bytes", type=int, default=LoraConfig.host_cache_bytes,
+        help="adapters kept in CPU memory (least recently used leave first; default 4 GiB)",
+    )  # fmt: skip
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -37,7 +41,9 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device),
         cache=CacheConfig(kv_cache_memory=args.kv_cache_memory),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
-        lora=LoraConfig(max_loras=args.max_loras, max_lora_rank=args.max_lora_rank),
+        lora=LoraConfig(
+            max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, host_cache_bytes=args.host_cache_bytes
+        ),
     )
 
 

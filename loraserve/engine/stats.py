@@ -21,7 +21,10 @@ class EngineStats:
     block_size: int
     adapter_slots_total: int
     device_adapters: list[ResidentAdapter]  # in a slot
-    host_adapters: list[str]  # registered, read into host memory, not in a slot
+    host_adapters: list[str]  # in the host cache (CPU memory), not in a slot
+    host_cache_bytes: int
+    host_cache_capacity_bytes: int
+    adapter_disk_reads: int
     adapter_loads: int
     adapter_evictions: int
     adapter_load_seconds_total: float

@@ -135,6 +135,8 @@ async def pool(request: Request) -> dict[str, Any]:
         "adapter_slots": {"total": stats.adapter_slots_total, "used": len(stats.device_adapters)},
         "device_adapters": [asdict(adapter) for adapter in stats.device_adapters],
         "host_adapters": stats.host_adapters,
+        "host_cache": {"bytes": stats.host_cache_bytes, "capacity_bytes": stats.host_cache_capacity_bytes},
+        "adapter_disk_reads": stats.adapter_disk_reads,
         "adapter_loads": stats.adapter_loads,
         "adapter_evictions": stats.adapter_evictions,
         "adapter_load_seconds_total": stats.adapter_load_seconds_total,

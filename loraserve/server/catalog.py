@@ -91,6 +91,14 @@ class AdapterCatalog:
             await self.engine.call(lambda engine: engine.remove_adapter(name))
         return info
 
+    async def mark_failed(self, name: str, reason: str) -> None:
+        """The engine could not load a stored adapter: stop offering it, and say why in the registry."""
+        if self._ready.pop(name, None) is None:
+            return
+        logger.error("adapter %r failed: %s", name, reason)
+        await asyncio.to_thread(self.registry.mark_failed, name, reason)
+        await self.engine.call(lambda engine: engine.remove_adapter(name))
+
     def record_usage(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
         """Count a finished request in the registry, in the background: the answer never waits on it."""
         task = asyncio.create_task(self._add_usage(name, prompt_tokens, completion_tokens))

@@ -27,7 +27,8 @@ async def generate(
     state = server_state(http)
     async with aclosing(state.engine.generate(request_id, prompt, params, adapter)) as outputs:
         async for output in outputs:
-            if output.error is not None:
+            if output.error is not None and adapter is not None:
+                await state.catalog.mark_failed(adapter, output.error)
                 raise AdapterUnavailableError(f"adapter {adapter!r} cannot be loaded: {output.error}")
             if output.finished:
                 state.metrics.record_request(adapter or state.model_name, output)

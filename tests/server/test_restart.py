@@ -18,6 +18,7 @@ from tests.server.test_admin_api import greedy, peft_files, upload
 pytestmark = pytest.mark.slow
 
 SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+MODEL = "SmolLM2-135M-Instruct"
 
 
 def test_restart_keeps_adapters_and_a_tampered_one_is_failed_with_a_reason(loaded_model, tmp_path):
@@ -56,3 +57,19 @@ def test_server_refuses_to_start_on_a_database_it_cannot_migrate(loaded_model, t
     unreachable = "postgresql://nobody@127.0.0.1:9/none"
     with pytest.raises(RegistryError, match=r"postgresql://nobody@127\.0\.0\.1:9/none"):
         create_app(engine, ServerConfig(data_dir=tmp_path, db_url=unreachable, admin_token="x" * 16))
+
+
+def test_an_adapter_whose_files_change_while_serving_fails_with_a_503_and_is_marked_failed(loaded_model, tmp_path):
+    for running in start_server(loaded_model, tmp_path, max_loras=1):
+        assert upload(running, "robot", peft_files(SAMPLES / "robot")).status_code == 201
+        sha = httpx.get(f"{running.url}/admin/adapters/robot", headers=ADMIN).json()["sha256"]
+        running.engine.engine.adapters.host.drop("robot")  # as if the host cache had let it go
+        weights = tmp_path / "adapters" / sha / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
+        refused = httpx.post(f"{running.url}/v1/completions", json={"model": "robot", "prompt": "Hi", "max_tokens": 4})
+        assert refused.status_code == 503 and "changed on disk" in refused.json()["error"]["message"]
+        record = httpx.get(f"{running.url}/admin/adapters/robot", headers=ADMIN).json()
+        assert record["status"] == "failed" and "changed on disk" in record["status_reason"]
+        assert "robot" not in [m["id"] for m in httpx.get(f"{running.url}/v1/models").json()["data"]]
+        ok = httpx.post(f"{running.url}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4})
+        assert ok.status_code == 200, "the server serves on"

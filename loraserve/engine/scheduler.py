@@ -221,6 +221,7 @@ class Scheduler:
 
     def _fail(self, seq: Sequence) -> None:
         self.waiting.remove(seq)
+        seq.pending_forks = 0  # n > 1: the siblings it would have forked fail with it
         seq.request.error = self.adapters.failure(seq.request.adapter or "")
         self._finish(seq, "error", self.clock())
         if seq.request.is_finished:

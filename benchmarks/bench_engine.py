@@ -15,15 +15,13 @@ import argparse
 import dataclasses
 import platform
 import statistics
-import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.report import machine_description, write_section
+from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
 from benchmarks.workloads import Workload, chat_workload, left_padded
 from loraserve import LLM, SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -169,8 +167,7 @@ def render(results: list[Result], repeats: int, profile: str, command: str) -> s
     for dtype, batch_size in sorted({(r.dtype, r.batch_size) for r in results}):
         ours, theirs = by_key[(dtype, batch_size, "loraserve")], by_key[(dtype, batch_size, "transformers")]
         lines.append(
-            f"| {dtype} | {batch_size} | {statistics.median(ours):.0f} ({min(ours):.0f}-{max(ours):.0f}) | "
-            f"{statistics.median(theirs):.0f} ({min(theirs):.0f}-{max(theirs):.0f}) | "
+            f"| {dtype} | {batch_size} | {median_spread(ours)} | {median_spread(theirs)} | "
             f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
         )
     lines += ["", "### Where the step time goes", "", profile, ""]
@@ -184,8 +181,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-output", type=int, default=32)
     parser.add_argument("--max-output", type=int, default=128)
-    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+    add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.batch_sizes, args.dtypes, args.repeats, args.min_output, args.max_output = [2], ["float32"], 1, 4, 8
@@ -195,7 +191,7 @@ def main() -> None:
         return
     profile = step_profile("bfloat16", 32, workload)
     print(profile)
-    command = " ".join(["python -m benchmarks.bench_engine", *sys.argv[1:]])
+    command = reproduce_command("benchmarks.bench_engine")
     write_section(args.output, SECTION, render(results, args.repeats, profile, command))
     print(f"wrote {args.output} ({platform.node()})")
 

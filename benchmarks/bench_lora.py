@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from benchmarks.report import machine_description, write_section
+from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
 from benchmarks.workloads import chat_workload, left_padded
 from loraserve import LLM, SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -88,8 +87,7 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+    add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.requests, args.adapters, args.max_tokens, args.repeats = 4, 2, 4, 1
@@ -113,8 +111,7 @@ def main() -> None:
     if args.quick:
         return
     median = {k: statistics.median(v) for k, v in samples.items()}
-    spread = {k: f"{min(v):.0f}-{max(v):.0f}" for k, v in samples.items()}
-    command = " ".join(["python -m benchmarks.bench_lora", *sys.argv[1:]])
+    command = reproduce_command("benchmarks.bench_lora")
     body = "\n".join(
         [
             "## Multi-LoRA throughput",
@@ -127,10 +124,10 @@ def main() -> None:
             "",
             "| system | tok/s | ratio |",
             "|---|---:|---:|",
-            f"| loraserve, base model only (same requests) | {median['base']:.0f} ({spread['base']}) | 1.00 |",
-            f"| loraserve, {args.adapters} adapters | {median['lora']:.0f} ({spread['lora']}) | "
+            f"| loraserve, base model only (same requests) | {median_spread(samples['base'])} | 1.00 |",
+            f"| loraserve, {args.adapters} adapters | {median_spread(samples['lora'])} | "
             f"{median['lora'] / median['base']:.2f} of base |",
-            f"| peft mixed-adapter batch | {median['peft']:.0f} ({spread['peft']}) | loraserve is "
+            f"| peft mixed-adapter batch | {median_spread(samples['peft'])} | loraserve is "
             f"{median['lora'] / median['peft']:.1f}x peft |",
         ]
     )

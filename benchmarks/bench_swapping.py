@@ -15,7 +15,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections import deque
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from benchmarks.report import machine_description, write_section
+from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
 from benchmarks.workloads import chat_workload
 from loraserve import SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
@@ -133,8 +132,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+    add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.adapters, args.slots, args.requests, args.rate, args.max_tokens, args.repeats = 12, 4, 12, 50.0, 4, 1
@@ -163,11 +161,11 @@ def main() -> None:
         median = statistics.median(tps)
         last = runs[-1]
         rows.append(
-            f"| {name} | {median:.0f} ({min(tps):.0f}-{max(tps):.0f}) | {median / baseline:.2f} | "
+            f"| {name} | {median_spread(tps)} | {median / baseline:.2f} | "
             f"{statistics.median(r.ttft_p50 for r in runs):.2f} | {statistics.median(r.ttft_p99 for r in runs):.2f} | "
             f"{last.loads} | {last.evictions} | {sum(r.failed for r in runs)} |"
         )
-    command = " ".join(["python -m benchmarks.bench_swapping", *sys.argv[1:]])
+    command = reproduce_command("benchmarks.bench_swapping")
     body = "\n".join(
         [
             "## Adapter swapping under load",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
+import statistics
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -36,3 +40,19 @@ def write_section(path: Path, name: str, body: str) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def add_report_flags(parser: argparse.ArgumentParser) -> None:
+    """--output (where the section goes) and --quick (a smoke run that writes nothing), for every harness."""
+    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+
+
+def reproduce_command(module: str) -> str:
+    """The command line that made this run, for the report."""
+    return " ".join([f"python -m {module}", *sys.argv[1:]])
+
+
+def median_spread(values: Sequence[float]) -> str:
+    """'median (min-max)', whole numbers: how results are reported when repeats vary."""
+    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"

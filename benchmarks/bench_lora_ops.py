@@ -16,27 +16,29 @@ from functools import partial
 
 import torch
 
-from sgmv_kernels import sgmv_expand_reference, sgmv_shrink_reference
+from sgmv_kernels import PooledLora, gather_rows, pool_from_dense, sgmv_expand_reference, sgmv_shrink_reference
 from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
 
 
-def per_segment_loop(x, lora_a, lora_b, ranks, scales, indptr, slots, out):
-    y = sgmv_shrink_reference(x, lora_a, ranks, indptr, slots)
-    sgmv_expand_reference(y, lora_b, ranks, scales, indptr, slots, out)
+def per_segment_loop(x, w: PooledLora, indptr, slots, out):
+    y = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, slots)
+    sgmv_expand_reference(y, w.pool, w.b_rows, w.ranks, w.scales, indptr, slots, out)
 
 
-def gather_bmm(x, lora_a, lora_b, ranks, scales, row_slots, out):
-    y = bgmv_shrink_gathered(x, lora_a, ranks, row_slots)
-    bgmv_expand_gathered(y, lora_b, ranks, scales, row_slots, out)
+def gather_bmm(x, w: PooledLora, row_slots, out):
+    y = bgmv_shrink_gathered(x, w.pool, w.a_rows, w.ranks, row_slots)
+    bgmv_expand_gathered(y, w.pool, w.b_rows, w.ranks, w.scales, row_slots, out)
 
 
-def per_adapter_loop(x, lora_a, lora_b, ranks, scales, row_slots, out):
-    for w in row_slots.unique().tolist():
-        if w < 0:
+def per_adapter_loop(x, w: PooledLora, row_slots, out):
+    for slot in row_slots.unique().tolist():
+        if slot < 0:
             continue
-        rows = (row_slots == w).nonzero().squeeze(1)
-        r = int(ranks[w])
-        out.index_add_(0, rows, ((x[rows] @ lora_a[w, :r].T) @ lora_b[w, :, :r].T * scales[w]).to(out.dtype))
+        rows = (row_slots == slot).nonzero().squeeze(1)
+        r = int(w.ranks[slot])
+        a = gather_rows(w.pool, w.a_rows[slot, :r], x.shape[1])
+        b_t = gather_rows(w.pool, w.b_rows[slot, :r], out.shape[1])
+        out.index_add_(0, rows, ((x[rows] @ a.T) @ b_t * w.scales[slot]).to(out.dtype))
 
 
 def timed(fn, repeats: int = 30) -> float:
@@ -53,10 +55,10 @@ def main() -> None:
     torch.manual_seed(0)
     h_in, h_out, num_slots, max_rank = 576, 1536, 32, 16
     for dtype in (torch.float32, torch.bfloat16):
+        ranks = torch.tensor([8, 16] * (num_slots // 2), dtype=torch.int32)
         lora_a = torch.randn(num_slots, max_rank, h_in).to(dtype)
         lora_b = torch.randn(num_slots, h_out, max_rank).to(dtype)
-        ranks = torch.tensor([8, 16] * (num_slots // 2), dtype=torch.int32)
-        scales = torch.ones(num_slots)
+        pooled = pool_from_dense(lora_a, lora_b, ranks, torch.ones(num_slots), torch.Generator().manual_seed(0))
         for label, num_rows, rows_per_adapter in (
             ("decode 32 rows / 32 adapters", 32, 1),
             ("prefill 512 rows / 8", 512, 64),
@@ -67,11 +69,10 @@ def main() -> None:
             lengths = [rows_per_adapter] * (num_rows // rows_per_adapter)
             indptr = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
             seg_slots = row_slots[indptr[:-1].long()]
-            weights = (x, lora_a, lora_b, ranks, scales)
             results = {
-                "per-segment loop": timed(partial(per_segment_loop, *weights, indptr, seg_slots, out)),
-                "gather + bmm": timed(partial(gather_bmm, *weights, row_slots, out)),
-                "per-adapter loop": timed(partial(per_adapter_loop, *weights, row_slots, out)),
+                "per-segment loop": timed(partial(per_segment_loop, x, pooled, indptr, seg_slots, out)),
+                "gather + bmm": timed(partial(gather_bmm, x, pooled, row_slots, out)),
+                "per-adapter loop": timed(partial(per_adapter_loop, x, pooled, row_slots, out)),
             }
             cells = ", ".join(f"{name} {us:.0f} us" for name, us in results.items())
             print(f"{str(dtype).removeprefix('torch.')} {label}: {cells}")

@@ -3,6 +3,7 @@
 `lora_shrink` / `lora_expand` are the one interface the model calls, and the only device
 branch: Triton kernels on CUDA, the fastest measured torch path on the CPU (cpu.py). `segments` selects the
 SGMV form (rows grouped by adapter, prefill); `row_slots` the BGMV form (decode).
+Adapter weights are rows in one flat pool, found through per-slot row tables (layout.py).
 This package imports nothing from loraserve.
 """
 
@@ -12,15 +13,19 @@ import torch
 
 from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
 from sgmv_kernels.expand import bgmv_expand, bgmv_expand_reference, sgmv_expand, sgmv_expand_reference
+from sgmv_kernels.layout import PooledLora, gather_rows, pool_from_dense
 from sgmv_kernels.shrink import bgmv_shrink, bgmv_shrink_reference, sgmv_shrink, sgmv_shrink_reference
 
 __all__ = [
+    "PooledLora",
     "bgmv_expand",
     "bgmv_expand_reference",
     "bgmv_shrink",
     "bgmv_shrink_reference",
+    "gather_rows",
     "lora_expand",
     "lora_shrink",
+    "pool_from_dense",
     "sgmv_expand",
     "sgmv_expand_reference",
     "sgmv_shrink",
@@ -30,38 +35,44 @@ __all__ = [
 
 def lora_shrink(
     x: torch.Tensor,
-    lora_a: torch.Tensor,
-    ranks: torch.Tensor,
+    weights: PooledLora,
     *,
     seg_indptr: torch.Tensor | None = None,
     seg_slots: torch.Tensor | None = None,
     row_slots: torch.Tensor | None = None,
+    max_segment_len: int | None = None,
 ) -> torch.Tensor:
     """y [T, max_rank] float32 = x @ A^T per row's adapter (see shrink.py)."""
     on_cuda = x.is_cuda
+    tables = (weights.pool, weights.a_rows, weights.ranks)
     if row_slots is not None:
-        return (bgmv_shrink if on_cuda else bgmv_shrink_gathered)(x, lora_a, ranks, row_slots)
+        return (bgmv_shrink if on_cuda else bgmv_shrink_gathered)(x, *tables, row_slots)
     if seg_indptr is None or seg_slots is None:
         raise ValueError("give seg_indptr and seg_slots (SGMV) or row_slots (BGMV)")
-    return (sgmv_shrink if on_cuda else sgmv_shrink_reference)(x, lora_a, ranks, seg_indptr, seg_slots)
+    if on_cuda:
+        return sgmv_shrink(x, *tables, seg_indptr, seg_slots, max_segment_len)
+    return sgmv_shrink_reference(x, *tables, seg_indptr, seg_slots)
 
 
 def lora_expand(
     y: torch.Tensor,
-    lora_b: torch.Tensor,
-    ranks: torch.Tensor,
-    scales: torch.Tensor,
+    weights: PooledLora,
     out: torch.Tensor,
     *,
     seg_indptr: torch.Tensor | None = None,
     seg_slots: torch.Tensor | None = None,
     row_slots: torch.Tensor | None = None,
+    max_segment_len: int | None = None,
 ) -> None:
     """out += (y @ B^T) * scale per row's adapter, in place (see expand.py)."""
     on_cuda = out.is_cuda
+    tables = (weights.pool, weights.b_rows, weights.ranks, weights.scales)
     if row_slots is not None:
-        (bgmv_expand if on_cuda else bgmv_expand_gathered)(y, lora_b, ranks, scales, row_slots, out)
+        (bgmv_expand if on_cuda else bgmv_expand_gathered)(y, *tables, row_slots, out)
         return
     if seg_indptr is None or seg_slots is None:
         raise ValueError("give seg_indptr and seg_slots (SGMV) or row_slots (BGMV)")
-    (sgmv_expand if on_cuda else sgmv_expand_reference)(y, lora_b, ranks, scales, seg_indptr, seg_slots, out)
+    if on_cuda:
+        sgmv_expand(y, *tables, seg_indptr, seg_slots, out, max_segment_len)
+    else:
+        sgmv_expand_reference(y, *tables, seg_indptr, seg_slots, out)

@@ -21,31 +21,39 @@ def check_indices(ranks: torch.Tensor, slots: torch.Tensor, seg_indptr: torch.Te
     _require(seg_indptr.shape == (slots.numel() + 1,), "seg_indptr must be [num_segments + 1]")
 
 
+def check_pool(pool: torch.Tensor, rows: torch.Tensor, ranks: torch.Tensor, dtype: torch.dtype, name: str) -> None:
+    _require(pool.dim() == 1 and pool.is_contiguous(), "pool must be a contiguous 1-D tensor")
+    _require(pool.dtype == dtype, f"pool and {name} must share a float dtype")
+    _require(rows.dim() == 2 and rows.dtype == torch.int64 and rows.is_contiguous(), "row tables: int64 [slots, rank]")
+    _require(ranks.shape == (rows.shape[0],), "ranks must be [num_slots]")
+
+
 def check_shrink(
-    x: torch.Tensor, lora_a: torch.Tensor, ranks: torch.Tensor, slots: torch.Tensor, seg_indptr: torch.Tensor | None
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    a_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    slots: torch.Tensor,
+    seg_indptr: torch.Tensor | None,
 ) -> None:
-    _require(x.dim() == 2 and lora_a.dim() == 3, "x must be [T, H_in] and lora_a [num_slots, max_rank, H_in]")
-    _require(x.shape[1] == lora_a.shape[2], f"x has {x.shape[1]} features, lora_a expects {lora_a.shape[2]}")
-    _require(x.dtype in FLOAT_DTYPES and lora_a.dtype == x.dtype, "x and lora_a must share a float dtype")
-    _require(x.stride(1) == 1 and lora_a.is_contiguous(), "x rows and lora_a must be contiguous")
-    _require(ranks.shape == (lora_a.shape[0],), "ranks must be [num_slots]")
+    _require(x.dim() == 2 and x.dtype in FLOAT_DTYPES and x.stride(1) == 1, "x must be [T, H_in] with contiguous rows")
+    check_pool(pool, a_rows, ranks, x.dtype, "x")
     check_indices(ranks, slots, seg_indptr, x.shape[0])
 
 
 def check_expand(
     y: torch.Tensor,
-    lora_b: torch.Tensor,
+    pool: torch.Tensor,
+    b_rows: torch.Tensor,
     ranks: torch.Tensor,
     scales: torch.Tensor,
     slots: torch.Tensor,
     seg_indptr: torch.Tensor | None,
     out: torch.Tensor,
 ) -> None:
-    _require(y.dim() == 2 and lora_b.dim() == 3, "y must be [T, max_rank] and lora_b [num_slots, H_out, max_rank]")
-    _require(y.dtype == torch.float32 and y.shape[1] == lora_b.shape[2], "y must be float32 [T, max_rank]")
-    _require(out.shape == (y.shape[0], lora_b.shape[1]), f"out must be [{y.shape[0]}, {lora_b.shape[1]}]")
-    _require(out.dtype in FLOAT_DTYPES and lora_b.dtype == out.dtype, "out and lora_b must share a float dtype")
-    _require(y.is_contiguous() and lora_b.is_contiguous() and out.stride(1) == 1, "inputs must be contiguous")
-    _require(ranks.shape == (lora_b.shape[0],) and scales.shape == ranks.shape, "ranks and scales: [num_slots]")
-    _require(scales.dtype == torch.float32, "scales must be float32")
+    _require(y.dtype == torch.float32 and y.shape[1] == b_rows.shape[1], "y must be float32 [T, max_rank]")
+    _require(y.is_contiguous() and out.dim() == 2 and out.stride(1) == 1, "y and out rows must be contiguous")
+    _require(out.shape[0] == y.shape[0] and out.dtype in FLOAT_DTYPES, f"out must be [{y.shape[0]}, H_out]")
+    check_pool(pool, b_rows, ranks, out.dtype, "out")
+    _require(scales.shape == ranks.shape and scales.dtype == torch.float32, "scales must be float32 [num_slots]")
     check_indices(ranks, slots, seg_indptr, y.shape[0])

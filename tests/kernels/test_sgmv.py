@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from sgmv_kernels import (
+    PooledLora,
     bgmv_expand,
     bgmv_expand_reference,
     bgmv_shrink,
     bgmv_shrink_reference,
+    gather_rows,
     lora_expand,
     lora_shrink,
+    pool_from_dense,
     sgmv_expand,
     sgmv_expand_reference,
     sgmv_shrink,
@@ -25,7 +28,11 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
 def make_pool(num_slots: int, in_features: int, out_features: int, dtype, gen: torch.Generator):
-    """A pool of adapters of mixed ranks, zero past each one's rank (as the pool keeps them)."""
+    """Adapters of mixed ranks, their rows scattered over one pool (as the engine keeps them).
+
+    Returns the pooled weights and the dense A [slots, max_rank, H_in] / B [slots, H_out,
+    max_rank], zero past each rank, for checks against plain math.
+    """
     ranks = torch.tensor([RANKS[i % len(RANKS)] for i in range(num_slots)], dtype=torch.int32)
     lora_a = torch.zeros(num_slots, MAX_RANK, in_features)
     lora_b = torch.zeros(num_slots, out_features, MAX_RANK)
@@ -33,7 +40,8 @@ def make_pool(num_slots: int, in_features: int, out_features: int, dtype, gen: t
         lora_a[slot, :rank] = torch.randn(rank, in_features, generator=gen) / in_features**0.5
         lora_b[slot, :, :rank] = torch.randn(out_features, rank, generator=gen) / rank**0.5
     scales = torch.rand(num_slots, generator=gen) * 2
-    return lora_a.to(dtype), lora_b.to(dtype), ranks, scales
+    lora_a, lora_b = lora_a.to(dtype), lora_b.to(dtype)
+    return pool_from_dense(lora_a, lora_b, ranks, scales, gen), lora_a, lora_b
 
 
 def make_segments(lengths: list[int], slots: list[int]):
@@ -56,16 +64,16 @@ CASES = [
 @pytest.mark.parametrize(("in_features", "out_features", "lengths", "slots"), CASES)
 def test_sgmv_shrink_and_expand_equal_the_reference(in_features, out_features, lengths, slots, dtype):
     gen = torch.Generator().manual_seed(len(lengths) * 1000 + in_features)
-    lora_a, lora_b, ranks, scales = make_pool(6, in_features, out_features, dtype, gen)
+    w, _, _ = make_pool(6, in_features, out_features, dtype, gen)
     indptr, seg_slots = make_segments(lengths, slots)
     x = torch.randn(sum(lengths), in_features, generator=gen).to(dtype)
-    y = sgmv_shrink(x, lora_a, ranks, indptr, seg_slots)
-    y_ref = sgmv_shrink_reference(x, lora_a, ranks, indptr, seg_slots)
+    y = sgmv_shrink(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+    y_ref = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
     torch.testing.assert_close(y, y_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     out = torch.randn(sum(lengths), out_features, generator=gen).to(dtype)
     out_ref = out.clone()
-    sgmv_expand(y_ref, lora_b, ranks, scales, indptr, seg_slots, out)
-    sgmv_expand_reference(y_ref, lora_b, ranks, scales, indptr, seg_slots, out_ref)
+    sgmv_expand(y_ref, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, out)
+    sgmv_expand_reference(y_ref, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, out_ref)
     torch.testing.assert_close(out, out_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
@@ -73,79 +81,122 @@ def test_sgmv_shrink_and_expand_equal_the_reference(in_features, out_features, l
 @pytest.mark.parametrize(("in_features", "out_features"), [(576, 1536), (4096, 576), (1536, 4096)])
 def test_bgmv_with_interleaved_adapters_equals_the_reference(in_features, out_features, dtype):
     gen = torch.Generator().manual_seed(in_features + out_features)
-    lora_a, lora_b, ranks, scales = make_pool(6, in_features, out_features, dtype, gen)
+    w, _, _ = make_pool(6, in_features, out_features, dtype, gen)
     row_slots = torch.tensor([0, 3, 0, -1, 5, 3, 1, 2, 4, 0, -1, 5], dtype=torch.int32)  # interleaved, some none
     x = torch.randn(len(row_slots), in_features, generator=gen).to(dtype)
-    y = bgmv_shrink(x, lora_a, ranks, row_slots)
-    y_ref = bgmv_shrink_reference(x, lora_a, ranks, row_slots)
+    y = bgmv_shrink(x, w.pool, w.a_rows, w.ranks, row_slots)
+    y_ref = bgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, row_slots)
     torch.testing.assert_close(y, y_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     out = torch.randn(len(row_slots), out_features, generator=gen).to(dtype)
     out_ref = out.clone()
-    bgmv_expand(y_ref, lora_b, ranks, scales, row_slots, out)
-    bgmv_expand_reference(y_ref, lora_b, ranks, scales, row_slots, out_ref)
+    bgmv_expand(y_ref, w.pool, w.b_rows, w.ranks, w.scales, row_slots, out)
+    bgmv_expand_reference(y_ref, w.pool, w.b_rows, w.ranks, w.scales, row_slots, out_ref)
     torch.testing.assert_close(out, out_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_cpu_gathered_bgmv_equals_the_reference(dtype):
     gen = torch.Generator().manual_seed(3)
-    lora_a, lora_b, ranks, scales = make_pool(6, 576, 1536, dtype, gen)
+    w, _, _ = make_pool(6, 576, 1536, dtype, gen)
     row_slots = torch.tensor([1, 3, -1, 1, 5, 0, 2, 4], dtype=torch.int32)
     x = torch.randn(len(row_slots), 576, generator=gen).to(dtype)
-    y = bgmv_shrink_gathered(x, lora_a, ranks, row_slots)
-    torch.testing.assert_close(y, bgmv_shrink_reference(x, lora_a, ranks, row_slots), atol=TOLERANCE[dtype], rtol=0)
+    y = bgmv_shrink_gathered(x, w.pool, w.a_rows, w.ranks, row_slots)
+    torch.testing.assert_close(
+        y, bgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, row_slots), atol=TOLERANCE[dtype], rtol=0
+    )
     out = torch.randn(len(row_slots), 1536, generator=gen).to(dtype)
     out_ref = out.clone()
-    bgmv_expand_gathered(y, lora_b, ranks, scales, row_slots, out)
-    bgmv_expand_reference(y, lora_b, ranks, scales, row_slots, out_ref)
+    bgmv_expand_gathered(y, w.pool, w.b_rows, w.ranks, w.scales, row_slots, out)
+    bgmv_expand_reference(y, w.pool, w.b_rows, w.ranks, w.scales, row_slots, out_ref)
     torch.testing.assert_close(out, out_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     empty = torch.full((3,), -1, dtype=torch.int32)
-    assert torch.count_nonzero(bgmv_shrink_gathered(x[:3], lora_a, ranks, empty)) == 0
+    assert torch.count_nonzero(bgmv_shrink_gathered(x[:3], w.pool, w.a_rows, w.ranks, empty)) == 0
+
+
+def test_split_k_partials_sum_to_the_reference(monkeypatch):
+    """As on a large GPU: few rows spread over many programs, each summing part of the hidden size."""
+    from sgmv_kernels import shrink
+
+    monkeypatch.setattr(shrink, "_num_sms", lambda device: 64)
+    gen = torch.Generator().manual_seed(11)
+    w, _, _ = make_pool(6, 4096, 576, torch.float32, gen)
+    assert shrink._split_k(4096, 8, 128, torch.device("cpu"))[0] > 1
+    row_slots = torch.tensor([5, -1, 2], dtype=torch.int32)
+    x = torch.randn(3, 4096, generator=gen)
+    expected = bgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, row_slots)
+    tolerance = {"atol": TOLERANCE[torch.float32], "rtol": TOLERANCE[torch.float32]}
+    torch.testing.assert_close(bgmv_shrink(x, w.pool, w.a_rows, w.ranks, row_slots), expected, **tolerance)
+    indptr, seg_slots = make_segments([2, 1], [5, 2])
+    expected = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+    torch.testing.assert_close(sgmv_shrink(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots), expected, **tolerance)
 
 
 def test_references_compute_the_lora_delta_at_each_rows_adapter():
     """Against plain per-row math: delta_t = scale_w * B_w[:, :r] @ (A_w[:r] @ x_t); none for slot -1."""
     gen = torch.Generator().manual_seed(7)
-    lora_a, lora_b, ranks, scales = make_pool(3, 64, 32, torch.float32, gen)
+    w, lora_a, lora_b = make_pool(3, 64, 32, torch.float32, gen)
     row_slots = torch.tensor([2, -1, 0, 2, 1], dtype=torch.int32)
     x = torch.randn(5, 64, generator=gen)
     out = torch.zeros(5, 32)
-    lora_expand(lora_shrink(x, lora_a, ranks, row_slots=row_slots), lora_b, ranks, scales, out, row_slots=row_slots)
-    for t, w in enumerate(row_slots.tolist()):
-        if w < 0:
+    lora_expand(lora_shrink(x, w, row_slots=row_slots), w, out, row_slots=row_slots)
+    for t, slot in enumerate(row_slots.tolist()):
+        if slot < 0:
             assert torch.count_nonzero(out[t]) == 0
             continue
-        r = ranks[w]
-        expected = scales[w] * (lora_b[w, :, :r] @ (lora_a[w, :r] @ x[t]))
+        r = w.ranks[slot]
+        expected = w.scales[slot] * (lora_b[slot, :, :r] @ (lora_a[slot, :r] @ x[t]))
         torch.testing.assert_close(out[t], expected)
 
 
+def test_pool_rows_are_scattered_and_padding_points_at_zeros():
+    gen = torch.Generator().manual_seed(5)
+    w, lora_a, _ = make_pool(3, 64, 32, torch.float32, gen)
+    rank = int(w.ranks[1])
+    offsets = w.a_rows[1, :rank]
+    assert not torch.equal(offsets.diff(), torch.full((rank - 1,), 64)), "rows should not sit back to back"
+    torch.testing.assert_close(gather_rows(w.pool, offsets, 64), lora_a[1, :rank])
+    assert torch.count_nonzero(gather_rows(w.pool, w.a_rows[1, rank:], 64)) == 0
+
+
 def test_launchers_refuse_mismatched_shapes_and_dtypes():
-    lora_a = torch.zeros(2, 8, 64)
+    pool = torch.zeros(1000)
+    rows = torch.zeros(2, 8, dtype=torch.int64)
     ranks = torch.tensor([8, 8], dtype=torch.int32)
     slots = torch.tensor([0], dtype=torch.int32)
-    with pytest.raises(ValueError, match="features"):
-        bgmv_shrink(torch.zeros(1, 32), lora_a, ranks, slots)
+    with pytest.raises(ValueError, match="int64"):
+        bgmv_shrink(torch.zeros(1, 64), pool, rows.int(), ranks, slots)
     with pytest.raises(ValueError, match="int32"):
-        bgmv_shrink(torch.zeros(1, 64), lora_a, ranks.long(), slots)
+        bgmv_shrink(torch.zeros(1, 64), pool, rows, ranks.long(), slots)
     with pytest.raises(ValueError, match="dtype"):
-        bgmv_shrink(torch.zeros(1, 64, dtype=torch.bfloat16), lora_a, ranks, slots)
+        bgmv_shrink(torch.zeros(1, 64, dtype=torch.bfloat16), pool, rows, ranks, slots)
+    with pytest.raises(ValueError, match="num_slots"):
+        bgmv_shrink(torch.zeros(1, 64), pool, rows, ranks[:1], slots)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_dispatch_uses_the_kernels_on_cuda():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_dispatch_uses_the_kernels_on_cuda(dtype):
+    """The compiled kernels (not the interpreter) on a GPU equal the CPU reference: SGMV and BGMV."""
     gen = torch.Generator().manual_seed(1)
-    lora_a, lora_b, ranks, scales = make_pool(4, 576, 1536, torch.bfloat16, gen)
-    indptr, seg_slots = make_segments([5, 11, 1], [0, 3, -1])
-    x = torch.randn(17, 576, generator=gen).to(torch.bfloat16)
-    out = torch.randn(17, 1536, generator=gen).to(torch.bfloat16)
-    y_ref = sgmv_shrink_reference(x, lora_a, ranks, indptr, seg_slots)
-    out_ref = out.clone()
-    sgmv_expand_reference(y_ref, lora_b, ranks, scales, indptr, seg_slots, out_ref)
-    cuda = [t.cuda() for t in (x, lora_a, lora_b, ranks, scales, indptr, seg_slots, out)]
-    x_c, a_c, b_c, ranks_c, scales_c, indptr_c, slots_c, out_c = cuda
-    y = lora_shrink(x_c, a_c, ranks_c, seg_indptr=indptr_c, seg_slots=slots_c)
-    torch.testing.assert_close(y.cpu(), y_ref, atol=2e-2, rtol=2e-2)
-    lora_expand(y_ref.cuda(), b_c, ranks_c, scales_c, out_c, seg_indptr=indptr_c, seg_slots=slots_c)
-    torch.testing.assert_close(out_c.cpu(), out_ref, atol=2e-2, rtol=2e-2)
+    w, _, _ = make_pool(6, 576, 1536, dtype, gen)
+    on_gpu = PooledLora(*(t.cuda() for t in (w.pool, w.a_rows, w.b_rows, w.ranks, w.scales)))
+    tolerance = {"atol": TOLERANCE[dtype], "rtol": TOLERANCE[dtype]}
+    for indptr, seg_slots in (
+        make_segments([5, 11, 1, 40], [0, 3, -1, 5]),
+        make_segments([1] * 9, [4, 0, -1, 4, 2, 3, 1, 5, 0]),
+    ):
+        x = torch.randn(int(indptr[-1]), 576, generator=gen).to(dtype)
+        out = torch.randn(int(indptr[-1]), 1536, generator=gen).to(dtype)
+        y_ref = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+        out_ref = out.clone()
+        sgmv_expand_reference(y_ref, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, out_ref)
+        decode = bool((indptr.diff() == 1).all())
+        rows = (
+            {"row_slots": seg_slots.cuda()} if decode else {"seg_indptr": indptr.cuda(), "seg_slots": seg_slots.cuda()}
+        )
+        y = lora_shrink(x.cuda(), on_gpu, **rows)
+        torch.testing.assert_close(y.cpu(), y_ref, **tolerance)
+        out_gpu = out.cuda()
+        lora_expand(y_ref.cuda(), on_gpu, out_gpu, **rows)
+        torch.testing.assert_close(out_gpu.cpu(), out_ref, **tolerance)

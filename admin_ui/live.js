@@ -35,10 +35,13 @@ function meanOver(now, before, sum, count) {
 
 export async function refreshLive() {
   const [pool, metricsText] = await Promise.all([call("GET", "/admin/pool"), call("GET", "/metrics")]);
-  const kv = pool.kv_blocks;
-  $("kv-meter").max = kv.total;
-  $("kv-meter").value = kv.used;
-  $("kv-text").textContent = `${kv.used} of ${kv.total} blocks used (${kv.block_size} tokens each)`;
+  const pages = pool.pages;
+  $("kv-meter").max = pages.total;
+  $("kv-meter").value = pages.kv;
+  $("adapter-page-meter").max = pages.total;
+  $("adapter-page-meter").value = pages.adapters;
+  $("kv-text").textContent = `${pages.kv} pages hold KV blocks (${pages.block_size} tokens each), ` +
+    `${pages.adapters} hold adapter weights, ${pages.free} free; ${pages.total} pages of ${bytes(pages.page_bytes)}`;
   $("slot-meter").max = pool.adapter_slots.total;
   $("slot-meter").value = pool.adapter_slots.used;
   $("slot-text").textContent = `${pool.adapter_slots.used} of ${pool.adapter_slots.total} slots used`;
@@ -47,7 +50,7 @@ export async function refreshLive() {
     `host cache ${bytes(pool.host_cache.bytes)} of ${bytes(pool.host_cache.capacity_bytes)}: ` +
     `${pool.host_adapters.join(", ") || "nothing else"}`;
   $("resident-list").replaceChildren(...pool.device_adapters.map((a) =>
-    element("li", {}, `${a.name} — slot ${a.slot}, rank ${a.rank}${a.pinned ? ", pinned" : ""}`)));
+    element("li", {}, `${a.name} — slot ${a.slot}, rank ${a.rank}, ${a.pages} pages${a.pinned ? ", pinned" : ""}`)));
   const now = parseMetrics(metricsText);
   if (previous) {
     const seconds = Math.max(1e-3, now.time - previous.time);

@@ -1,5 +1,10 @@
-"""Adapter swapping under load: 1,000 adapters with Zipf(1.0) popularity through 32 device slots,
-Poisson arrivals, against the same workload over 8 adapters that all stay resident.
+"""Adapter swapping under load: 1,000 adapters with Zipf(1.0) popularity through a device pool
+with room for 32 of them, Poisson arrivals, against the same workload over 8 adapters that all
+stay resident.
+
+The pool (KV blocks and adapter weights share its pages) is sized to the KV of a full
+batch plus the pages of N rank-16 adapters, and there are N slots: memory, not a slot
+count, is what makes adapters leave.
 
     python -m benchmarks.bench_swapping            # writes its section of docs/benchmarks.md
     python -m benchmarks.bench_swapping --quick    # smoke run, nothing written
@@ -87,12 +92,25 @@ def zipf_arrivals(prompts: list[list[int]], num_adapters: int, rate: float, seed
     return arrivals
 
 
-def run(loaded: LoadedModel, paths: list[Path], arrivals: list[Arrival], slots: int, max_tokens: int) -> RunResult:
+MAX_NUM_SEQS = 64
+
+
+def pool_pages(loaded: LoadedModel, rank16_path: Path, room_for: int, longest: int) -> int:
+    """Pages for the KV of MAX_NUM_SEQS sequences of `longest` tokens plus `room_for` rank-16 adapters."""
+    probe = LLMEngine(EngineConfig(cache=CacheConfig(num_pages=1), lora=LoraConfig(max_loras=1)), loaded=loaded)
+    adapter_pages = probe.model_runner.adapter_slots.pages_needed(probe.read_adapter(rank16_path))
+    probe.close()
+    return MAX_NUM_SEQS * -(-longest // CacheConfig.block_size) + room_for * adapter_pages
+
+
+def run(
+    loaded: LoadedModel, paths: list[Path], arrivals: list[Arrival], room_for: int, max_tokens: int, pages: int
+) -> RunResult:
     config = EngineConfig(
         model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
-        cache=CacheConfig(kv_cache_memory=1 << 30),
-        lora=LoraConfig(max_loras=slots, max_lora_rank=16),
-        scheduler=SchedulerConfig(max_num_seqs=64),
+        cache=CacheConfig(num_pages=pages),
+        lora=LoraConfig(max_loras=room_for, max_lora_rank=16),
+        scheduler=SchedulerConfig(max_num_seqs=MAX_NUM_SEQS),
     )
     engine = LLMEngine(config, loaded=loaded)
     for path in paths:
@@ -127,7 +145,7 @@ def run(loaded: LoadedModel, paths: list[Path], arrivals: list[Arrival], slots: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapters", type=int, default=1000)
-    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--pool-adapters", type=int, default=32, help="rank-16 adapters the pool has room for")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -135,22 +153,34 @@ def main() -> None:
     add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
-        args.adapters, args.slots, args.requests, args.rate, args.max_tokens, args.repeats = 12, 4, 12, 50.0, 4, 1
+        args.adapters, args.pool_adapters, args.requests, args.rate, args.max_tokens, args.repeats = (
+            12,
+            4,
+            12,
+            50.0,
+            4,
+            1,
+        )
     loaded = load_model(ModelConfig())
     workload = chat_workload(args.requests, args.max_tokens, args.max_tokens)
     prompts = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
-    resident = min(8, args.slots)
+    resident = min(8, args.pool_adapters)
     cases = {
-        f"{args.adapters} adapters, Zipf(1.0), {args.slots} slots": (args.adapters, args.slots),
+        f"{args.adapters} adapters, Zipf(1.0), pool with room for {args.pool_adapters}": (
+            args.adapters,
+            args.pool_adapters,
+        ),
         f"{resident} adapters, all resident": (resident, resident),
     }
+    longest = max(len(p) for p in prompts) + args.max_tokens
     results: dict[str, list[RunResult]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_adapters(loaded.model.spec, args.adapters, Path(tmp))
+        pages = {room: pool_pages(loaded, paths[1], room, longest) for _, room in cases.values()}
         for _ in range(args.repeats):
-            for name, (num_adapters, slots) in cases.items():
+            for name, (num_adapters, room) in cases.items():
                 arrivals = zipf_arrivals(prompts, num_adapters, args.rate)
-                results[name].append(run(loaded, paths[:num_adapters], arrivals, slots, args.max_tokens))
+                results[name].append(run(loaded, paths[:num_adapters], arrivals, room, args.max_tokens, pages[room]))
                 print(name, results[name][-1], flush=True)
     if args.quick:
         return
@@ -174,8 +204,10 @@ def main() -> None:
             "",
             f"{args.requests} chat requests of ~60 prompt tokens, {args.max_tokens} new tokens each (greedy, EOS "
             f"ignored), Poisson arrivals at {args.rate}/s; adapters of ranks 8 and 16 on q_proj and v_proj read "
-            f"from disk on first use. Output tokens/s: median of {args.repeats} runs (min-max); TTFT in seconds; "
-            "loads and evictions of the last run.",
+            f"from disk on first use. The memory pool holds the KV of {MAX_NUM_SEQS} full sequences plus N rank-16 "
+            f"adapters ({pages[args.pool_adapters]} pages for N = {args.pool_adapters}, {pages[resident]} for "
+            f"N = {resident}), with N slots. Output tokens/s: median of {args.repeats} runs (min-max); TTFT in "
+            "seconds; loads and evictions of the last run.",
             "",
             "| workload | tok/s | vs all resident | TTFT p50 | TTFT p99 | loads | evictions | failed |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",

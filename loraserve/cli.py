@@ -27,7 +27,14 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=env("LORASERVE_DEVICE", "cpu"), help="cpu | cuda")
     parser.add_argument("--max-num-seqs", type=int, default=128, help="sequences decoding together")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (chunked prefill)")
-    parser.add_argument("--kv-cache-memory", type=int, default=2 << 30, help="bytes for the KV cache")
+    parser.add_argument(
+        "--pool-memory", type=int, default=CacheConfig.pool_memory,
+        help="bytes for the memory pool that KV blocks and loaded adapters share (default 2 GiB)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pool-memory-fraction", type=float, default=None,
+        help="size the pool as this fraction of the device's free memory instead (e.g. 0.8 on a GPU)",
+    )  # fmt: skip
     parser.add_argument("--max-loras", type=int, default=8, help="adapters on the device at once (distinct per step)")
     parser.add_argument("--max-lora-rank", type=int, default=16, help="adapters of a higher rank are refused")
     parser.add_argument(
@@ -39,7 +46,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device),
-        cache=CacheConfig(kv_cache_memory=args.kv_cache_memory),
+        cache=CacheConfig(pool_memory=args.pool_memory, pool_memory_fraction=args.pool_memory_fraction),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
         lora=LoraConfig(
             max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, host_cache_bytes=args.host_cache_bytes

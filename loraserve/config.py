@@ -44,19 +44,22 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The paged KV cache: block size and how much memory it may take."""
+    """The memory pool that KV blocks and adapter weights share: page size and how much memory."""
 
-    block_size: int = 16  # tokens per KV block
-    kv_cache_memory: int = 2 << 30  # bytes for K and V of every layer together
-    num_blocks: int | None = None  # overrides kv_cache_memory when set (tests, tuning)
+    block_size: int = 16  # tokens per KV block; a page of the pool is one block
+    pool_memory: int = 2 << 30  # bytes for the pool: K and V of every layer, and loaded adapters
+    pool_memory_fraction: float | None = None  # of the device's free memory; overrides pool_memory
+    num_pages: int | None = None  # overrides both when set (tests, tuning)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError("--block-size", f"must be a power of two, got {self.block_size}")
-        if self.kv_cache_memory <= 0:
-            raise ConfigError("--kv-cache-memory", "must be a positive number of bytes")
-        if self.num_blocks is not None and self.num_blocks < 1:
-            raise ConfigError("--num-blocks", "must be at least 1")
+        if self.pool_memory <= 0:
+            raise ConfigError("--pool-memory", "must be a positive number of bytes")
+        if self.pool_memory_fraction is not None and not 0 < self.pool_memory_fraction <= 0.95:
+            raise ConfigError("--pool-memory-fraction", f"must be in (0, 0.95], got {self.pool_memory_fraction}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ConfigError("--num-pages", "must be at least 1")
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ class LLM:
         max_num_seqs: int = 128,
         max_num_batched_tokens: int = 512,
         max_model_len: int | None = None,
-        kv_cache_memory: int = 2 << 30,
-        num_kv_blocks: int | None = None,
+        pool_memory: int = 2 << 30,
+        num_pages: int | None = None,
         block_size: int = 16,
         max_loras: int = 8,
         max_lora_rank: int = 16,
@@ -42,7 +42,7 @@ class LLM:
             model=ModelConfig(
                 model=model, dtype=dtype, device=device, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir()
             ),
-            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory, num_blocks=num_kv_blocks),
+            cache=CacheConfig(block_size=block_size, pool_memory=pool_memory, num_pages=num_pages),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
             ),

@@ -1,30 +1,34 @@
-"""Paged KV cache bookkeeping: fixed-size blocks, a free list, reference counts, copy-on-write.
+"""Paged KV cache bookkeeping: fixed-size blocks, reference counts, copy-on-write.
 
-Plain Python: the model runner owns the tensors, this owns which block holds what. It is
-the only code that changes a sequence's `block_table`.
+A block is a page of the memory pool (page_allocator.py), whose free list KV blocks share
+with adapter weights. Plain Python: the model runner owns the tensors, this owns which
+block holds what. It is the only code that changes a sequence's `block_table`.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
+from loraserve.engine.page_allocator import PageAllocator, PageUse
 from loraserve.engine.sequence import Sequence
 
 BlockCopy = tuple[int, int]  # (source block, destination block) for the runner to copy before the step
 
 
 class BlockManager:
-    """Owns the free list, every block's reference count and every sequence's block table."""
+    """Owns every block's reference count and every sequence's block table."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.num_blocks = num_blocks
+    def __init__(self, pages: PageAllocator, block_size: int) -> None:
+        self.pages = pages
+        self.num_blocks = pages.num_pages  # the most KV could ever hold: no adapter loaded
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
-        self._ref_counts = [0] * num_blocks
+        self._ref_counts = [0] * pages.num_pages
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self.pages.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pages.num_used(PageUse.KV)
 
     def ref_count(self, block: int) -> int:
         return self._ref_counts[block]
@@ -38,12 +42,15 @@ class BlockManager:
         return new + (1 if self._shared_block_to_write(seq) is not None else 0)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, reserve: int = 0) -> bool:
-        """True when the blocks for `num_new_tokens` fit, leaving `reserve` blocks free."""
-        return self.num_blocks_needed(seq, num_new_tokens) + reserve <= len(self._free)
+        """True when the blocks for `num_new_tokens` fit, leaving `reserve` blocks free.
+
+        Idle adapters are evicted for the room if that is what it takes.
+        """
+        return self.pages.reclaim(self.num_blocks_needed(seq, num_new_tokens) + reserve)
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> list[BlockCopy]:
         """Give `seq` the blocks its next tokens are written to; returns copy-on-write copies to do."""
-        assert self.can_allocate(seq, num_new_tokens), "allocate() without can_allocate()"
+        assert self.num_blocks_needed(seq, num_new_tokens) <= self.pages.num_free, "allocate() without can_allocate()"
         copies: list[BlockCopy] = []
         shared_index = self._shared_block_to_write(seq)
         if shared_index is not None:
@@ -78,12 +85,13 @@ class BlockManager:
         return None
 
     def _take(self) -> int:
-        block = self._free.popleft()
-        self._ref_counts[block] = 1
-        return block
+        taken = self.pages.take(1, PageUse.KV)
+        assert taken is not None, "allocate() without can_allocate()"
+        self._ref_counts[taken[0]] = 1
+        return taken[0]
 
     def _release(self, block: int) -> None:
         self._ref_counts[block] -= 1
         assert self._ref_counts[block] >= 0, f"block {block} released twice"
         if self._ref_counts[block] == 0:
-            self._free.append(block)
+            self.pages.release([block], PageUse.KV)

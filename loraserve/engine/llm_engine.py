@@ -12,6 +12,7 @@ from loraserve.config import EngineConfig
 from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.model_runner import ModelRunner
 from loraserve.engine.outputs import CompletionOutput, RequestOutput, RequestTimings
+from loraserve.engine.page_allocator import PageUse
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
@@ -32,7 +33,7 @@ class LLMEngine:
         model_window = self.loaded.model.spec.max_positions
         self.max_model_len = min(config.scheduler.max_model_len or model_window, model_window)
         self.model_runner = ModelRunner(self.loaded, config.cache, config.lora, seed=config.seed)
-        self.block_manager = BlockManager(self.model_runner.num_blocks, config.cache.block_size)
+        self.block_manager = BlockManager(self.model_runner.pool.pages, config.cache.block_size)
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
@@ -124,14 +125,18 @@ class LLMEngine:
                 slot=slots.slot_of(name),
                 rank=rank,
                 num_bytes=num_bytes,
+                pages=slots.pages_of(name),
                 pinned=adapters.is_pinned(name),
             )
             for name in slots.names
             for rank, num_bytes in [adapters.rank_and_bytes(name) or (0, 0)]
         ]
+        pool = self.model_runner.pool
         return EngineStats(
-            kv_blocks_total=self.block_manager.num_blocks,
-            kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
+            pool_pages=pool.num_pages,
+            page_bytes=pool.page_bytes,
+            kv_pages=pool.pages.num_used(PageUse.KV),
+            adapter_pages=pool.pages.num_used(PageUse.ADAPTER),
             block_size=self.block_manager.block_size,
             adapter_slots_total=slots.num_slots,
             device_adapters=device,
@@ -222,7 +227,7 @@ class LLMEngine:
                 "max_tokens",
                 f"prompt + max_tokens = {longest} tokens need more KV blocks than the cache has "
                 f"({self.block_manager.num_blocks} of {self.block_manager.block_size} tokens); "
-                "lower max_tokens or raise --kv-cache-memory",
+                "lower max_tokens or raise --pool-memory",
             )
 
 

@@ -17,6 +17,7 @@ from loraserve.config import CacheConfig, LoraConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.sampler import Sampler
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch
+from loraserve.lora.memory_pool import MemoryPool, pool_pages
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata
@@ -34,7 +35,7 @@ class ModelInputs:
 
 
 class ModelRunner:
-    """Owns the model, the KV cache tensors, the adapter slots and the sampler."""
+    """Owns the model, the memory pool (KV blocks and adapter weights), the adapter slots and the sampler."""
 
     def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, lora_config: LoraConfig, seed: int) -> None:
         self.model = loaded.model
@@ -42,27 +43,18 @@ class ModelRunner:
         self.dtype = loaded.dtype
         self.block_size = cache_config.block_size
         spec = self.model.spec
-        bytes_per_block = spec.kv_bytes_per_token(loaded.dtype) * self.block_size
-        self.num_blocks = cache_config.num_blocks or max(1, cache_config.kv_cache_memory // bytes_per_block)
-        # kv_cache: [2 (k, v), layers, num_blocks, block_size, Hkv, D]. Zeros, not empty: padded
-        # reads are masked out, but a NaN bit pattern would still poison 0 * NaN.
-        self.kv_cache = torch.zeros(
-            2, spec.num_layers, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim,
-            dtype=loaded.dtype, device=self.device,
-        )  # fmt: skip
-        self.kv_caches = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(spec.num_layers)]
+        num_pages = pool_pages(cache_config, spec, self.dtype, self.device)
+        self.pool = MemoryPool(spec, self.block_size, num_pages, self.dtype, self.device)
         self.sampler = Sampler(seed, self.device)
-        self.adapter_slots = AdapterSlots(
-            spec, lora_config.max_loras, lora_config.max_lora_rank, loaded.dtype, self.device
-        )
+        self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         if batch.block_copies:
             sources, destinations = zip(*batch.block_copies, strict=True)
-            self.kv_cache[:, :, list(destinations)] = self.kv_cache[:, :, list(sources)]
+            self.pool.copy_blocks(list(sources), list(destinations))
         inputs = self.prepare_inputs(batch)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.kv_caches, inputs.lora)
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_caches, inputs.lora)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_index))  # [S, vocab]
         return self.sampler(logits, batch.sampling_seqs)
 

@@ -118,10 +118,10 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs or preempted:
                 break
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
-                break
             adapter = seq.request.adapter
             if adapter is not None:
+                # The adapter first: once acquired it is busy, so finding KV room for this very
+                # sequence cannot evict it (idle adapters give their pages to KV).
                 if adapter == self._draining:
                     continue
                 residency = self.adapters.acquire(adapter)
@@ -132,6 +132,10 @@ class Scheduler:
                     self._draining = self.adapters.drain_candidate()
                 if residency is not Residency.READY:
                     continue
+            if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
+                if adapter is not None:
+                    self.adapters.release(adapter)
+                break
             self.waiting.remove(seq)
             copies += self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING

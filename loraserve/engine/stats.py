@@ -11,14 +11,17 @@ class ResidentAdapter:
     slot: int
     rank: int
     num_bytes: int  # of its weights in the file (float32 safetensors as uploaded)
+    pages: int  # of the memory pool its rows fill
     pinned: bool
 
 
 @dataclass(frozen=True)
 class EngineStats:
-    kv_blocks_total: int
-    kv_blocks_used: int
-    block_size: int
+    pool_pages: int  # pages of the memory pool; a page is one KV block or adapter rows
+    page_bytes: int
+    kv_pages: int  # holding tokens
+    adapter_pages: int  # holding adapter rows
+    block_size: int  # tokens per KV block
     adapter_slots_total: int
     device_adapters: list[ResidentAdapter]  # in a slot
     host_adapters: list[str]  # in the host cache (CPU memory), not in a slot
@@ -31,3 +34,12 @@ class EngineStats:
     running_sequences: int
     waiting_sequences: int
     preemptions: int
+
+    @property
+    def free_pages(self) -> int:
+        return self.pool_pages - self.kv_pages - self.adapter_pages
+
+    @property
+    def kv_capacity_pages(self) -> int:
+        """What KV could hold now: every page but the adapters' (idle adapters would still be evicted for KV)."""
+        return self.pool_pages - self.adapter_pages

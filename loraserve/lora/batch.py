@@ -25,6 +25,7 @@ class LoraBatch:
     seg_indptr: torch.Tensor  # [num_segments + 1] int32
     seg_slots: torch.Tensor  # [num_segments] int32, NO_ADAPTER for base-model rows
     row_slots: torch.Tensor | None  # [T] int32 when every segment is one row (decode: BGMV)
+    max_segment_len: int  # sizes the SGMV grid without reading seg_indptr back from the device
 
     @classmethod
     def build(cls, slots: AdapterSlots, lengths: list[int], slot_ids: list[int], device: str) -> LoraBatch | None:
@@ -40,15 +41,16 @@ class LoraBatch:
             seg_indptr=torch.tensor(offsets, dtype=torch.int32, device=device),
             seg_slots=seg_slots,
             row_slots=seg_slots if all(length == 1 for length in lengths) else None,
+            max_segment_len=max(lengths),
         )
 
     def add(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, out_features] += LoRA(x [T, in_features]) with each row's adapter, in place."""
         weights = self.slots.layers[layer][projection]
         if self.row_slots is not None:
-            y = lora_shrink(x, weights.lora_a, weights.ranks, row_slots=self.row_slots)
-            lora_expand(y, weights.lora_b, weights.ranks, weights.scales, out, row_slots=self.row_slots)
+            y = lora_shrink(x, weights, row_slots=self.row_slots)
+            lora_expand(y, weights, out, row_slots=self.row_slots)
             return
-        segments = {"seg_indptr": self.seg_indptr, "seg_slots": self.seg_slots}
-        y = lora_shrink(x, weights.lora_a, weights.ranks, **segments)
-        lora_expand(y, weights.lora_b, weights.ranks, weights.scales, out, **segments)
+        segments, slots, longest = self.seg_indptr, self.seg_slots, self.max_segment_len
+        y = lora_shrink(x, weights, seg_indptr=segments, seg_slots=slots, max_segment_len=longest)
+        lora_expand(y, weights, out, seg_indptr=segments, seg_slots=slots, max_segment_len=longest)

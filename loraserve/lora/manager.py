@@ -1,12 +1,15 @@
-"""Adapters in three tiers: the registry's files on disk, a host cache in CPU memory, device slots.
+"""Adapters in three tiers: the registry's files on disk, a host cache in CPU memory, the device pool.
 
 The scheduler calls `acquire` before it admits a sequence of an adapter. READY: the
-adapter is in a slot. Otherwise a load starts - a free slot is reserved, or the slot of
-the least recently used adapter with no running sequence and no pin - and the sequence
-waits while the rest of the batch runs. Loads run on a worker thread, off the step loop:
-disk -> host (read, validated, hash checked) -> a copy into the reserved slot, which no
-step reads until the copy is done. `prefetch` starts the disk read when a request is
-queued. Example with 2 slots: A and B run; C waits until the last sequence of A or B ends.
+adapter is in a slot, its rows in pages of the memory pool. Otherwise a load starts and
+the sequence waits while the rest of the batch runs. A load needs a slot and as many
+pages as the adapter's rows fill (known once it was read); idle adapters (no running
+sequence, no pin) are evicted least recently used first to make room. Loads run on a
+worker thread, off the step loop: disk -> host (read, validated, hash checked) -> a copy
+into the reserved pages, which no step reads until the copy is done. `prefetch` starts
+the disk read when a request is queued. The KV side may evict idle adapters too
+(`reclaim_pages`): an idle adapter is a cache, a running sequence is not.
+Example with 2 slots: A and B run; C waits until the last sequence of A or B ends.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class AdapterManager:
         self._sources: dict[str, AdapterSource] = {}
         self._failures: dict[str, str] = {}
         self._ranks: dict[str, tuple[int, int]] = {}  # name -> (rank, file bytes), known once read
+        self._pages_needed: dict[str, int] = {}  # name -> pool pages it fills, known once read
+        self._wanted: set[str] = set()  # acquired or pinned before its size was known: reserve once read
         self._running: Counter[str] = Counter()  # running sequences per adapter
         self._pinned: set[str] = set()
         self._last_used: dict[str, int] = {}
@@ -71,6 +76,7 @@ class AdapterManager:
         self._pending = 0  # queued or running jobs
         self._worker = threading.Thread(target=self._work, name="loraserve-adapter-loader", daemon=True)
         self._worker.start()
+        slots.pool.pages.reclaimer = self.reclaim_pages
 
     def register(self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None) -> None:
         """Offer an adapter; `adapter` when it was just read (an upload) goes straight to the host cache."""
@@ -81,8 +87,7 @@ class AdapterManager:
                 raise AdapterError("name", f"adapter {name!r} is already loaded")
             self._sources[name] = source
             if adapter is not None:
-                self.host.put(name, adapter)
-                self._ranks[name] = (adapter.rank, adapter.num_bytes)
+                self._remember(name, adapter)
 
     def unregister(self, name: str) -> None:
         """Forget the adapter and free its slot; the caller made sure nothing runs with it."""
@@ -91,9 +96,10 @@ class AdapterManager:
                 raise UnknownAdapterError(name)
             assert not self._running[name], f"adapter {name!r} still has running sequences"
             del self._sources[name]
-            for table in (self._failures, self._ranks, self._last_used):
+            for table in (self._failures, self._ranks, self._pages_needed, self._last_used):
                 table.pop(name, None)
             self._pinned.discard(name)
+            self._wanted.discard(name)
             self.host.drop(name)
             if name in self.slots:
                 self.slots.unload(name)
@@ -108,6 +114,9 @@ class AdapterManager:
 
     def rank_and_bytes(self, name: str) -> tuple[int, int] | None:
         return self._ranks.get(name)
+
+    def pages_needed(self, name: str) -> int | None:
+        return self._pages_needed.get(name)
 
     def residency(self, name: str) -> str:
         """Where the weights are: "device" (a slot), "host" (CPU memory) or "disk"."""
@@ -130,10 +139,7 @@ class AdapterManager:
                 return Residency.FAILED
             if self.slots.is_reserved(name):
                 return Residency.LOADING
-            if not self._reserve_slot(name):
-                return Residency.NO_SLOT
-            self._enqueue(name)
-            return Residency.LOADING
+            return self._start_load(name)
 
     def release(self, name: str) -> None:
         with self._lock:
@@ -162,9 +168,8 @@ class AdapterManager:
                 limit = self.slots.num_slots - 1
                 raise AdapterError("pin", f"at most {limit} of {self.slots.num_slots} slots may be pinned")
             self._pinned.add(name)
-            resident = name in self.slots or self.slots.is_reserved(name)
-            if not resident and self._reserve_slot(name):
-                self._enqueue(name)
+            if name not in self.slots and not self.slots.is_reserved(name):
+                self._start_load(name)
 
     def unpin(self, name: str) -> None:
         with self._lock:
@@ -180,12 +185,15 @@ class AdapterManager:
                 self._loaded.wait(timeout)
 
     def wait_resident(self, name: str, timeout: float = 30) -> bool:
-        """Until `name` is in a slot (True), its load failed or `timeout` passed (False)."""
+        """Until `name` is in a slot (True), or its load failed, found no room or `timeout` passed (False)."""
         deadline = time.monotonic() + timeout
         with self._loaded:
-            while name not in self.slots and self.slots.is_reserved(name) and time.monotonic() < deadline:
+            while name not in self.slots and self._load_in_flight(name) and time.monotonic() < deadline:
                 self._loaded.wait(deadline - time.monotonic())
             return name in self.slots
+
+    def _load_in_flight(self, name: str) -> bool:
+        return self.slots.is_reserved(name) or (name in self._wanted and name not in self._failures)
 
     def wait_idle(self, timeout: float = 30) -> bool:
         """Until no load is queued or running; True if so."""
@@ -195,15 +203,50 @@ class AdapterManager:
                 self._loaded.wait(deadline - time.monotonic())
             return not self._pending
 
-    def _reserve_slot(self, name: str) -> bool:
-        if self.slots.num_free == 0:
-            idle = [n for n in self.slots.names if not self._running[n] and n not in self._pinned]
-            if not idle:
-                return False
-            self.slots.unload(min(idle, key=lambda n: self._last_used.get(n, -1)))
-            self.stats.evictions += 1
-        self.slots.reserve(name)
-        return True
+    def _start_load(self, name: str) -> Residency:
+        """Reserve room and queue the copy; or, size unknown, queue the read that reserves after it."""
+        if name not in self._pages_needed:
+            if name not in self._wanted:
+                self._wanted.add(name)
+                self._enqueue(name)
+            return Residency.LOADING
+        if not self._reserve(name):
+            return Residency.NO_SLOT
+        self._enqueue(name)
+        return Residency.LOADING
+
+    def _reserve(self, name: str, evict: bool = True) -> bool:
+        """A slot and the adapter's pages, evicting idle adapters (least recently used first) for them."""
+        need, pages = self._pages_needed[name], self.slots.pool.pages
+        idle = sorted(self._idle(), key=lambda n: self._last_used.get(n, -1)) if evict else []
+        reachable = pages.num_free + sum(self.slots.pages_of(n) for n in idle)
+        if reachable < need or (self.slots.num_free == 0 and not idle):
+            return False  # evicting would not make room: keep what is resident
+        while (self.slots.num_free == 0 or pages.num_free < need) and idle:
+            self._evict(idle.pop(0))
+        return self.slots.reserve(name, need)
+
+    def reclaim_pages(self, count: int) -> None:
+        """The KV side is `count` pages short: evict idle adapters, least recently used first."""
+        with self._lock:
+            freed = 0
+            for name in sorted(self._idle(), key=lambda n: self._last_used.get(n, -1)):
+                if freed >= count:
+                    break
+                freed += self.slots.pages_of(name)
+                self._evict(name)
+
+    def _idle(self) -> list[str]:
+        return [n for n in self.slots.names if not self._running[n] and n not in self._pinned]
+
+    def _evict(self, name: str) -> None:
+        self.slots.unload(name)
+        self.stats.evictions += 1
+
+    def _remember(self, name: str, adapter: LoraAdapter) -> None:
+        self.host.put(name, adapter)
+        self._ranks[name] = (adapter.rank, adapter.num_bytes)
+        self._pages_needed[name] = self.slots.pages_needed(adapter)
 
     def _enqueue(self, name: str) -> None:
         self._pending += 1
@@ -241,9 +284,14 @@ class AdapterManager:
             with self._lock:
                 self.stats.disk_reads += 1
                 if name in self._sources:
-                    self.host.put(name, adapter)
-                    self._ranks[name] = (adapter.rank, adapter.num_bytes)
+                    self._remember(name, adapter)
         with self._lock:
+            if name in self._wanted and name in self._sources and name not in self.slots:
+                self._wanted.discard(name)
+                if not self.slots.is_reserved(name):
+                    # Only free room: who gets an evicted adapter's place is the scheduler's call,
+                    # made in queue order by its next acquire (which may answer NO_SLOT).
+                    self._reserve(name, evict=False)
             reserved = self.slots.is_reserved(name) and name in self._sources
         if not reserved:
             return  # a prefetch: the host cache is warm

@@ -1,114 +1,212 @@
-"""Device slots for adapter weights: a fixed number of places, each holding one adapter.
+"""Adapter slots: the index a batch row names, and where each loaded adapter's rows lie.
 
-Layout, per layer and projection: lora_a [num_slots, max_rank, in_features] and
-lora_b [num_slots, out_features, max_rank], zero past each adapter's rank; ranks and
-scales [num_slots], rank 0 where the slot's adapter does not adapt that projection (the
-kernels then do nothing for it). Storage is padded to `max_rank`; compute is not (the
-kernels stop at each adapter's rank). The unified paged pool (S-LoRA) replaces this
-padded storage later; the interface to the model stays `LayerLora`.
+A slot is what the kernels index by (at most `max_loras` adapters run in one step); the
+weights themselves live in pages of the memory pool, taken in proportion to the
+adapter's size. Per layer and projection the kernels get a `PooledLora` view: the pool
+and, per slot, the offsets of A's rows and of B^T's rows (padding entries point at the
+pool's zero tail), the rank (0 = not adapted) and the scale.
 
-A load reserves a slot, writes it (possibly from the loader thread while steps run:
-no step reads a reserved slot) and activates it.
+Rows are packed into the pages' slabs in order, never split across slabs. A load
+reserves a slot and its pages, writes them (possibly from the loader thread while steps
+run: no step reads a reserved slot) and activates it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from loraserve.errors import AdapterError
-from loraserve.lora.adapter import PROJECTIONS, LoraAdapter, projection_shapes
+from loraserve.engine.page_allocator import PageUse
+from loraserve.lora.adapter import PROJECTIONS, LoraAdapter
+from loraserve.lora.memory_pool import MemoryPool
 from loraserve.models.llama import LlamaSpec
+from sgmv_kernels import PooledLora
+
+LayerLora = dict[str, PooledLora]  # projection name -> its weights in every slot
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """`rank` rows of `width` elements, rows of A (`matrix` 0) or of B^T (1) of one projection."""
+
+    layer: int
+    projection: int  # index in PROJECTIONS
+    matrix: int
+    rows: torch.Tensor  # [rank, width]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a block's rows start: a slab of the adapter's own pages and an element in it."""
+
+    block: RowBlock
+    first_row: int
+    num_rows: int
+    slab: int  # index among the adapter's slabs: page (slab // slabs_per_page), piece (slab % ...)
+    start: int
+
+
+def row_blocks(adapter: LoraAdapter) -> Iterator[RowBlock]:
+    for (layer, projection), weights in sorted(adapter.weights.items(), key=lambda item: item[0]):
+        index = PROJECTIONS.index(projection)
+        yield RowBlock(layer, index, 0, weights.a)
+        yield RowBlock(layer, index, 1, weights.b.T)
+
+
+def pack(blocks: Iterator[RowBlock], slab_elems: int) -> tuple[list[Placement], int]:
+    """Fill slabs in order with whole rows; returns the placements and the slabs used."""
+    placements: list[Placement] = []
+    slab, used = 0, 0
+    for block in blocks:
+        rank, width = block.rows.shape
+        row = 0
+        while row < rank:
+            fits = (slab_elems - used) // width
+            if fits == 0:
+                slab, used = slab + 1, 0
+                continue
+            count = min(fits, rank - row)
+            placements.append(Placement(block, row, count, slab, used))
+            row, used = row + count, used + count * width
+    return placements, slab + (1 if used else 0)
 
 
 @dataclass
-class ProjectionLora:
-    """One projection of one layer, for every slot."""
-
-    lora_a: torch.Tensor  # [num_slots, max_rank, in_features] model dtype
-    lora_b: torch.Tensor  # [num_slots, out_features, max_rank] model dtype
-    ranks: torch.Tensor  # [num_slots] int32, 0 = not adapted
-    scales: torch.Tensor  # [num_slots] float32
-
-
-LayerLora = dict[str, ProjectionLora]  # projection name -> its weights in every slot
+class Reservation:
+    slot: int
+    pages: list[int]
 
 
 class AdapterSlots:
-    """Owns the slot map (adapter name -> slot) and the weights in each slot."""
+    """Owns the slot map (adapter name -> slot, pages) and the row tables the kernels read."""
 
-    def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, dtype: torch.dtype, device: str) -> None:
-        self.num_slots, self.max_rank = num_slots, max_rank
-        self._slot_of: dict[str, int] = {}  # loaded: the kernels may use these
-        self._reserved: dict[str, int] = {}  # taken for a load in flight
+    def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, pool: MemoryPool) -> None:
+        self.num_slots, self.max_rank, self.pool = num_slots, max_rank, pool
+        shape = (spec.num_layers, len(PROJECTIONS), num_slots)
+        device = pool.buffer.device
+        # Row tables [layers, projections, slots, max_rank] and per-slot ranks and scales.
+        self.a_rows = torch.full((*shape, max_rank), pool.zero_offset, dtype=torch.int64, device=device)
+        self.b_rows = torch.full((*shape, max_rank), pool.zero_offset, dtype=torch.int64, device=device)
+        self.ranks = torch.zeros(shape, dtype=torch.int32, device=device)
+        self.scales = torch.zeros(shape, dtype=torch.float32, device=device)
         self.layers: list[LayerLora] = [
             {
-                name: ProjectionLora(
-                    lora_a=torch.zeros(num_slots, max_rank, in_features, dtype=dtype, device=device),
-                    lora_b=torch.zeros(num_slots, out_features, max_rank, dtype=dtype, device=device),
-                    ranks=torch.zeros(num_slots, dtype=torch.int32, device=device),
-                    scales=torch.zeros(num_slots, dtype=torch.float32, device=device),
+                name: PooledLora(
+                    pool.buffer,
+                    self.a_rows[layer, p],
+                    self.b_rows[layer, p],
+                    self.ranks[layer, p],
+                    self.scales[layer, p],
                 )
-                for name, (in_features, out_features) in projection_shapes(spec).items()
+                for p, name in enumerate(PROJECTIONS)
             }
-            for _ in range(spec.num_layers)
+            for layer in range(spec.num_layers)
         ]
+        self._loaded: dict[str, Reservation] = {}  # the kernels may use these
+        self._reserved: dict[str, Reservation] = {}  # taken for a load in flight
+        self._copy_stream = torch.cuda.Stream() if device.type == "cuda" else None
 
     @property
     def names(self) -> list[str]:
-        """Adapters whose weights are in a slot, ready for the kernels."""
-        return list(self._slot_of)
+        """Adapters whose weights are in the pool, ready for the kernels."""
+        return list(self._loaded)
 
     def slot_of(self, name: str) -> int:
-        return self._slot_of[name]
+        return self._loaded[name].slot
+
+    def pages_held(self, name: str) -> list[int]:
+        held = self._loaded.get(name) or self._reserved.get(name)
+        return held.pages if held else []
+
+    def pages_of(self, name: str) -> int:
+        return len(self.pages_held(name))
 
     def __contains__(self, name: str) -> bool:
-        return name in self._slot_of
+        return name in self._loaded
 
     @property
     def num_free(self) -> int:
-        return self.num_slots - len(self._slot_of) - len(self._reserved)
+        return self.num_slots - len(self._loaded) - len(self._reserved)
 
-    def reserve(self, name: str) -> int:
-        """Take a free slot for `name` (its weights are written next, maybe from another thread)."""
-        taken = set(self._slot_of.values()) | set(self._reserved.values())
+    def pages_needed(self, adapter: LoraAdapter) -> int:
+        _, slabs = pack(row_blocks(adapter), self.pool.slab_elems)
+        return -(-slabs // self.pool.slabs_per_page)
+
+    def reserve(self, name: str, num_pages: int) -> bool:
+        """Take a free slot and `num_pages` pages for `name`; False (nothing taken) if either is short."""
+        taken = {r.slot for r in self._loaded.values()} | {r.slot for r in self._reserved.values()}
         free = [slot for slot in range(self.num_slots) if slot not in taken]
         if not free:
-            raise AdapterError("name", f"all {self.num_slots} adapter slots are in use; raise max_loras")
-        self._reserved[name] = free[0]
-        return free[0]
+            return False
+        pages = self.pool.pages.take(num_pages, PageUse.ADAPTER)
+        if pages is None:
+            return False
+        self._reserved[name] = Reservation(free[0], pages)
+        return True
 
     def is_reserved(self, name: str) -> bool:
         return name in self._reserved
 
     def cancel(self, name: str) -> None:
-        del self._reserved[name]
+        self.pool.pages.release(self._reserved.pop(name).pages, PageUse.ADAPTER)
 
     def write(self, name: str, adapter: LoraAdapter) -> None:
-        """Copy the weights into the slot reserved for `name`; no other slot is touched."""
-        slot = self._reserved[name]
-        # read_adapter already refused ranks above the maximum the slots were sized for.
-        assert all(w.rank <= self.max_rank for w in adapter.weights.values()), "adapter read with another max rank"
-        for layer_index, layer in enumerate(self.layers):
-            for projection in PROJECTIONS:
-                weights = adapter.weights.get((layer_index, projection))
-                target = layer[projection]
-                target.lora_a[slot].zero_()
-                target.lora_b[slot].zero_()
-                if weights is None:
-                    target.ranks[slot], target.scales[slot] = 0, 0.0
-                    continue
-                target.lora_a[slot, : weights.rank] = weights.a
-                target.lora_b[slot, :, : weights.rank] = weights.b
-                target.ranks[slot], target.scales[slot] = weights.rank, weights.scale
+        """Copy the weights into the pages reserved for `name` and fill its slot's row tables."""
+        reservation = self._reserved[name]
+        # read_adapter already refused ranks above the maximum the tables were sized for.
+        assert adapter.rank <= self.max_rank, "adapter read with another max rank"
+        pool = self.pool
+        placements, num_slabs = pack(row_blocks(adapter), pool.slab_elems)
+        assert num_slabs <= len(reservation.pages) * pool.slabs_per_page, "reserved with another size"
+        staging = torch.zeros(num_slabs, pool.slab_elems, dtype=pool.dtype)
+        slab_offsets = [
+            pool.slab_offset(reservation.pages[s // pool.slabs_per_page], s % pool.slabs_per_page)
+            for s in range(num_slabs)
+        ]
+        tables = (
+            torch.full(self.a_rows[:, :, 0].shape, pool.zero_offset, dtype=torch.int64),
+            torch.full(self.b_rows[:, :, 0].shape, pool.zero_offset, dtype=torch.int64),
+        )
+        for placed in placements:
+            block, width = placed.block, placed.block.rows.shape[1]
+            rows = block.rows[placed.first_row : placed.first_row + placed.num_rows]
+            staging[placed.slab, placed.start : placed.start + rows.numel()] = rows.reshape(-1)
+            first = slab_offsets[placed.slab] + placed.start
+            tables[block.matrix][
+                block.layer, block.projection, placed.first_row : placed.first_row + placed.num_rows
+            ] = torch.arange(placed.num_rows) * width + first
+        ranks = torch.zeros(self.ranks[:, :, 0].shape, dtype=torch.int32)
+        scales = torch.zeros(self.scales[:, :, 0].shape, dtype=torch.float32)
+        for (layer, projection), weights in adapter.weights.items():
+            ranks[layer, PROJECTIONS.index(projection)] = weights.rank
+            scales[layer, PROJECTIONS.index(projection)] = weights.scale
+        slab_ids = torch.tensor([offset // pool.slab_elems for offset in slab_offsets], dtype=torch.long)
+        slot = reservation.slot
+        if self._copy_stream is None:
+            self._copy(slot, slab_ids, staging, tables, ranks, scales)
+            return
+        # CUDA: from pinned memory on a side stream, so the step loop's stream never waits on it.
+        with torch.cuda.stream(self._copy_stream):
+            self._copy(slot, slab_ids, staging.pin_memory(), tables, ranks, scales)
+        self._copy_stream.synchronize()
+
+    def _copy(self, slot: int, slab_ids, staging, tables, ranks, scales) -> None:
+        self.pool.write_slabs(slab_ids, staging)
+        device = self.a_rows.device
+        self.a_rows[:, :, slot] = tables[0].to(device, non_blocking=True)
+        self.b_rows[:, :, slot] = tables[1].to(device, non_blocking=True)
+        self.ranks[:, :, slot] = ranks.to(device, non_blocking=True)
+        self.scales[:, :, slot] = scales.to(device, non_blocking=True)
 
     def activate(self, name: str) -> None:
         """The reserved slot's weights are written: the kernels may use it from the next step."""
-        self._slot_of[name] = self._reserved.pop(name)
+        self._loaded[name] = self._reserved.pop(name)
 
     def unload(self, name: str) -> None:
-        slot = self._slot_of.pop(name)
-        for layer in self.layers:
-            for target in layer.values():
-                target.ranks[slot], target.scales[slot] = 0, 0.0
+        """Free the slot and its pages (no running sequence uses it)."""
+        reservation = self._loaded.pop(name)
+        self.ranks[:, :, reservation.slot] = 0
+        self.scales[:, :, reservation.slot] = 0.0
+        self.pool.pages.release(reservation.pages, PageUse.ADAPTER)

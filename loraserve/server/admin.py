@@ -131,7 +131,15 @@ async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> dict
 async def pool(request: Request) -> dict[str, Any]:
     stats = await server_state(request).engine.call(lambda engine: engine.stats())
     return {
-        "kv_blocks": {"total": stats.kv_blocks_total, "used": stats.kv_blocks_used, "block_size": stats.block_size},
+        "pages": {
+            "total": stats.pool_pages,
+            "kv": stats.kv_pages,
+            "adapters": stats.adapter_pages,
+            "free": stats.free_pages,
+            "page_bytes": stats.page_bytes,
+            "block_size": stats.block_size,
+            "kv_capacity": stats.kv_capacity_pages,
+        },
         "adapter_slots": {"total": stats.adapter_slots_total, "used": len(stats.device_adapters)},
         "device_adapters": [asdict(adapter) for adapter in stats.device_adapters],
         "host_adapters": stats.host_adapters,

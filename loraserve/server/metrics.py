@@ -43,8 +43,10 @@ class Metrics:
         self._gauges = {
             name: Gauge(f"loraserve_{name}", help_text, registry=r)
             for name, help_text in (
-                ("kv_blocks_total", "KV cache blocks"),
-                ("kv_blocks_used", "KV cache blocks holding tokens"),
+                ("pool_pages", "Pages of the memory pool (a page is one KV block or adapter rows)"),
+                ("pool_pages_kv", "Pool pages holding tokens (KV blocks)"),
+                ("pool_pages_adapters", "Pool pages holding adapter weights"),
+                ("pool_page_bytes", "Bytes per pool page"),
                 ("adapter_slots_total", "Device slots for adapters"),
                 ("adapters_on_device", "Adapters in a device slot"),
                 ("adapters_in_host_cache", "Adapters in CPU memory but not in a device slot"),
@@ -73,8 +75,10 @@ class Metrics:
 
     def render(self, stats: EngineStats) -> bytes:
         values = {
-            "kv_blocks_total": stats.kv_blocks_total,
-            "kv_blocks_used": stats.kv_blocks_used,
+            "pool_pages": stats.pool_pages,
+            "pool_pages_kv": stats.kv_pages,
+            "pool_pages_adapters": stats.adapter_pages,
+            "pool_page_bytes": stats.page_bytes,
             "adapter_slots_total": stats.adapter_slots_total,
             "adapters_on_device": len(stats.device_adapters),
             "adapters_in_host_cache": len(stats.host_adapters),

@@ -1,4 +1,4 @@
-"""20 adapters through 4 device slots: 200 requests, every answer equal to peft's for its adapter."""
+"""20 adapters through a pool with room for 4: 200 requests, every answer equal to peft's for its adapter."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from tests.conftest import CHAT_PROMPTS
 
 pytestmark = pytest.mark.slow
 
-NUM_ADAPTERS, NUM_SLOTS, NUM_REQUESTS, MAX_TOKENS = 20, 4, 200, 4
+NUM_ADAPTERS, ROOM_FOR, NUM_REQUESTS, MAX_TOKENS = 20, 4, 200, 4
+MAX_NUM_SEQS = 8
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +45,18 @@ def adapters_with_references(model_dir, tmp_path_factory, llm):
     return prompts, adapters
 
 
-def test_200_requests_over_20_adapters_through_4_slots_equal_peft(make_llm, adapters_with_references):
+def test_200_requests_over_20_adapters_through_a_pool_with_room_for_4_equal_peft(make_llm, adapters_with_references):
+    """Slots are plenty; memory is not: the pool holds the running sequences' KV and 4 adapters."""
     prompts, adapters = adapters_with_references
-    llm = make_llm(max_loras=NUM_SLOTS)
+    probe = make_llm(max_loras=1).engine
+    adapter_pages = probe.model_runner.adapter_slots.pages_needed(probe.read_adapter(adapters[0][0]))
+    longest = max(len(p) for p in prompts) + MAX_TOKENS
+    kv_pages = MAX_NUM_SEQS * -(-longest // probe.block_manager.block_size)
+    llm = make_llm(max_loras=NUM_ADAPTERS, num_pages=kv_pages + ROOM_FOR * adapter_pages, max_num_seqs=MAX_NUM_SEQS)
     for i, (path, _) in enumerate(adapters):
         llm.add_adapter(f"a{i}", path)
     jobs = [(i % NUM_ADAPTERS, (i // NUM_ADAPTERS) % len(prompts)) for i in range(NUM_REQUESTS)]
-    random.Random(0).shuffle(jobs)  # adapters interleave: the slots must turn over
+    random.Random(0).shuffle(jobs)  # adapters interleave: the pool must turn over
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate([prompts[p] for _, p in jobs], params, adapters=[f"a{a}" for a, _ in jobs], use_tqdm=False)
     for (adapter, prompt), output in zip(jobs, outputs, strict=True):
@@ -58,4 +64,9 @@ def test_200_requests_over_20_adapters_through_4_slots_equal_peft(make_llm, adap
         assert output.outputs[0].token_ids == adapters[adapter][1][prompt], f"adapter a{adapter}, prompt {prompt}"
     stats = llm.engine.stats()
     assert stats.adapter_evictions > 0 and stats.adapter_loads >= NUM_ADAPTERS
-    assert stats.kv_blocks_used == 0
+    assert stats.kv_pages == 0
+    assert stats.adapter_pages == adapter_pages * len(stats.device_adapters) <= stats.pool_pages
+    for i in range(NUM_ADAPTERS):
+        llm.remove_adapter(f"a{i}")
+    stats = llm.engine.stats()
+    assert (stats.adapter_pages, stats.free_pages) == (0, stats.pool_pages), "every page back: the baseline"

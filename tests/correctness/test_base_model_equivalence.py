@@ -71,7 +71,7 @@ def test_generate_on_text_matches_transformers(llm, hf_greedy):
 
 def test_preemption_under_kv_pressure_matches_transformers_and_frees_every_block(make_llm, references):
     """24 blocks of 16 tokens cannot hold 8 sequences of ~70 tokens: some are preempted and recomputed."""
-    llm = make_llm(num_kv_blocks=24)
+    llm = make_llm(num_pages=24)
     outputs = llm.chat(CHAT_PROMPTS[:8], GREEDY, use_tqdm=False)
     engine = llm.engine
     assert engine.scheduler.num_preemptions > 0

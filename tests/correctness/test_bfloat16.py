@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def bf16_llm() -> LLM:
-    return LLM(dtype="bfloat16", num_kv_blocks=256)
+    return LLM(dtype="bfloat16", num_pages=256)
 
 
 def test_first_token_and_logits_agree_with_transformers_float32(bf16_llm, hf_model):

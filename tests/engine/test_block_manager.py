@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from loraserve.engine.block_manager import BlockManager
+from loraserve.engine.page_allocator import PageAllocator
 from tests.engine.helpers import make_sequence
 
 
 def test_allocate_covers_the_prompt_in_whole_blocks():
-    manager = BlockManager(num_blocks=8, block_size=4)
+    manager = BlockManager(PageAllocator(8), block_size=4)
     seq = make_sequence(10)
     assert manager.num_blocks_needed(seq, 10) == 3
     assert manager.allocate(seq, 10) == []
@@ -17,7 +18,7 @@ def test_allocate_covers_the_prompt_in_whole_blocks():
 
 
 def test_append_takes_a_new_block_only_at_a_block_boundary():
-    manager = BlockManager(num_blocks=8, block_size=4)
+    manager = BlockManager(PageAllocator(8), block_size=4)
     seq = make_sequence(7)
     manager.allocate(seq, 7)
     seq.num_computed_tokens = 7
@@ -31,14 +32,14 @@ def test_append_takes_a_new_block_only_at_a_block_boundary():
 
 
 def test_can_allocate_refuses_beyond_capacity_and_respects_reserve():
-    manager = BlockManager(num_blocks=4, block_size=4)
+    manager = BlockManager(PageAllocator(4), block_size=4)
     assert not manager.can_allocate(make_sequence(17), 17)  # needs 5 blocks
     assert manager.can_allocate(make_sequence(16), 16)
     assert not manager.can_allocate(make_sequence(16), 16, reserve=1)
 
 
 def test_free_returns_every_block_to_the_free_list():
-    manager = BlockManager(num_blocks=6, block_size=4)
+    manager = BlockManager(PageAllocator(6), block_size=4)
     first, second = make_sequence(9, seq_id=0), make_sequence(5, seq_id=1)
     manager.allocate(first, 9)
     manager.allocate(second, 5)
@@ -51,7 +52,7 @@ def test_free_returns_every_block_to_the_free_list():
 
 
 def test_fork_shares_blocks_and_counts_references():
-    manager = BlockManager(num_blocks=8, block_size=4)
+    manager = BlockManager(PageAllocator(8), block_size=4)
     parent = make_sequence(6)
     manager.allocate(parent, 6)
     child = parent.fork(seq_id=1, index=1)
@@ -65,7 +66,7 @@ def test_fork_shares_blocks_and_counts_references():
 
 def test_copy_on_write_of_a_shared_last_block():
     """n = 2 sampling: both siblings share the prompt; the first to write its partial last block copies it."""
-    manager = BlockManager(num_blocks=8, block_size=4)
+    manager = BlockManager(PageAllocator(8), block_size=4)
     parent = make_sequence(6)
     manager.allocate(parent, 6)
     parent.num_computed_tokens = 6

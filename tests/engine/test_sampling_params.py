@@ -59,7 +59,7 @@ def test_empty_prompt_and_bad_token_ids_are_refused(llm):
 
 @pytest.mark.slow
 def test_request_that_cannot_fit_the_kv_cache_is_refused(make_llm):
-    llm = make_llm(num_kv_blocks=4)
+    llm = make_llm(num_pages=4)
     with pytest.raises(InvalidRequestError) as error:
         llm.generate("Hello there", SamplingParams(max_tokens=100), use_tqdm=False)
     assert error.value.field == "max_tokens"

@@ -12,7 +12,7 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.stop_checker import StopChecker
-from tests.lora.tiny_adapters import register_tiny, tiny_adapter_manager
+from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, register_tiny, tiny_adapter_manager
 
 EOS = 2
 
@@ -22,10 +22,12 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def make_scheduler(tokenizer, num_blocks=64, block_size=4, adapters=None, **config) -> Scheduler:
-    blocks = BlockManager(num_blocks, block_size)
+def make_scheduler(tokenizer, num_blocks=64, adapters=None, **config) -> Scheduler:
+    """KV blocks of 4 tokens, sharing `num_blocks` pages with the adapters (when none are given)."""
+    adapters = adapters or tiny_adapter_manager(num_slots=1, num_pages=num_blocks)
+    blocks = BlockManager(adapters.slots.pool.pages, TINY_BLOCK_SIZE)
     stop_checker = StopChecker(tokenizer, frozenset({EOS}), max_model_len=1024)
-    return Scheduler(SchedulerConfig(**config), blocks, stop_checker, adapters or tiny_adapter_manager(num_slots=1))
+    return Scheduler(SchedulerConfig(**config), blocks, stop_checker, adapters)
 
 
 def add(
@@ -112,7 +114,7 @@ def test_max_num_seqs_bounds_the_running_batch(tokenizer):
 
 def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later(tokenizer):
     # 4 blocks of 4 tokens: two sequences of 8 prompt tokens fill the cache exactly.
-    scheduler = make_scheduler(tokenizer, num_blocks=4, block_size=4)
+    scheduler = make_scheduler(tokenizer, num_blocks=4)
     old = add(scheduler, "old", prompt_len=8, max_tokens=3)
     new = add(scheduler, "new", prompt_len=8, max_tokens=3)
     step(scheduler)
@@ -181,10 +183,10 @@ def test_a_flood_for_one_adapter_cannot_starve_another(tokenizer):
     """Bound: with every slot busy, a cold adapter's request starts once the sequences running when it
     arrived have finished (at most max_tokens steps) plus its load; no later request overtakes it."""
     max_tokens = 4
-    adapters = tiny_adapter_manager(num_slots=1)
+    adapters = tiny_adapter_manager(num_slots=1, num_pages=256)
     register_tiny(adapters, "hot", seed=0)
     register_tiny(adapters, "cold", seed=1)
-    scheduler = make_scheduler(tokenizer, num_blocks=256, adapters=adapters)
+    scheduler = make_scheduler(tokenizer, adapters=adapters)
     early = [add(scheduler, f"hot-{i}", 2, max_tokens, adapter="hot") for i in range(6)]
     cold = add(scheduler, "cold", 2, max_tokens, adapter="cold")
     late = [add(scheduler, f"hot-late-{i}", 2, max_tokens, adapter="hot") for i in range(6)]

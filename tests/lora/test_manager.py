@@ -11,15 +11,18 @@ import torch
 from loraserve.errors import AdapterError, UnknownAdapterError
 from loraserve.lora.host_cache import host_bytes
 from loraserve.lora.residency import Residency
+from sgmv_kernels import gather_rows
 from tests.lora.tiny_adapters import read_tiny, register_tiny, tiny_adapter, tiny_adapter_manager
 
 
 def acquire_when_loaded(manager, name: str) -> Residency:
-    first = manager.acquire(name)
-    if first is not Residency.LOADING:
-        return first
-    assert manager.wait_idle()
-    return manager.acquire(name)
+    """Acquire as the scheduler does, step after step, until the answer is not LOADING."""
+    for _ in range(3):  # read, then (if the read found no free room) reserve and copy
+        residency = manager.acquire(name)
+        if residency is not Residency.LOADING:
+            return residency
+        assert manager.wait_idle()
+    raise AssertionError(f"{name} still loading")
 
 
 def test_a_load_reads_from_disk_then_copies_into_a_slot():
@@ -32,7 +35,9 @@ def test_a_load_reads_from_disk_then_copies_into_a_slot():
     assert manager.acquire("a") is Residency.READY
     slot = manager.slots.slot_of("a")
     q = manager.slots.layers[1]["q_proj"]
-    assert torch.equal(q.lora_a[slot, :2], tiny_adapter(1).weights[(1, "q_proj")].a)
+    weights = tiny_adapter(1).weights[(1, "q_proj")]
+    assert torch.equal(gather_rows(q.pool, q.a_rows[slot, :2], 8), weights.a), "A's rows, where the table says"
+    assert torch.equal(gather_rows(q.pool, q.b_rows[slot, :2], 8), weights.b.T)
     assert (int(q.ranks[slot]), float(q.scales[slot])) == (2, 2.0)
     assert (manager.stats.loads, manager.stats.disk_reads) == (1, 1)
 
@@ -43,6 +48,9 @@ def test_busy_adapters_are_never_evicted_and_idle_ones_go_least_recently_used_fi
         register_tiny(manager, name, seed)
     assert acquire_when_loaded(manager, "a") is Residency.READY
     assert acquire_when_loaded(manager, "b") is Residency.READY
+    assert manager.acquire("c") is Residency.LOADING, "read first: its size says how many pages it needs"
+    assert manager.wait_idle()
+    assert manager.residency("c") == "host", "read, but no room on the device"
     assert manager.acquire("c") is Residency.NO_SLOT, "both slots have running sequences"
     manager.release("a")
     manager.release("b")

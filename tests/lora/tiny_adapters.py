@@ -9,6 +9,7 @@ import torch
 
 from loraserve.lora.adapter import LoraAdapter, LoraWeights
 from loraserve.lora.manager import AdapterManager, AdapterSource
+from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.llama import LlamaSpec
 
@@ -38,10 +39,19 @@ def read_tiny(path: Path) -> LoraAdapter:
     return tiny_adapter(int(path.name))
 
 
+TINY_BLOCK_SIZE = 4  # a page: 2 layers x K, V x 4 tokens x 4 elements = 4 slabs of 16 elements
+
+
 def tiny_adapter_manager(
-    num_slots: int, read: Callable[[Path], LoraAdapter] = read_tiny, host_cache_bytes: int = 1 << 30
+    num_slots: int,
+    read: Callable[[Path], LoraAdapter] = read_tiny,
+    host_cache_bytes: int = 1 << 30,
+    num_pages: int = 64,
+    max_rank: int = 4,
 ) -> AdapterManager:
-    return AdapterManager(AdapterSlots(TINY_SPEC, num_slots, 4, torch.float32, "cpu"), read, host_cache_bytes)
+    """A manager over a real memory pool of the tiny shape (its page allocator also serves KV)."""
+    pool = MemoryPool(TINY_SPEC, TINY_BLOCK_SIZE, num_pages, torch.float32, "cpu")
+    return AdapterManager(AdapterSlots(TINY_SPEC, num_slots, max_rank, pool), read, host_cache_bytes)
 
 
 def register_tiny(manager: AdapterManager, name: str, seed: int) -> None:

@@ -54,7 +54,7 @@ def _tiny_checkpoint(config, model_dir, path):
 )  # fmt: skip
 def test_hf_directory_loads_and_matches_transformers(config, model_dir, tmp_path):
     reference = _tiny_checkpoint(config, model_dir, tmp_path)
-    llm = LLM(str(tmp_path), dtype="float32", num_kv_blocks=64)
+    llm = LLM(str(tmp_path), dtype="float32", num_pages=64)
     prompts = [[5, 17, 300, 4000, 12], [9, 8, 7, 6, 5, 4, 3, 2, 1, 99, 123]]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)
     for prompt, output in zip(prompts, outputs, strict=True):

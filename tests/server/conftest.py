@@ -43,7 +43,7 @@ def start_server(
     """Start, yield once the port answers, stop. `server_config`: ServerConfig fields."""
     engine_config = EngineConfig(
         model=ModelConfig(dtype="float32"),
-        cache=CacheConfig(num_blocks=num_blocks),
+        cache=CacheConfig(num_pages=num_blocks),
         lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
     )
     engine = AsyncLLMEngine(LLMEngine(engine_config, loaded=loaded))

@@ -135,7 +135,13 @@ def test_pin_keeps_an_adapter_on_the_device_and_pool_reports_it(server):
     assert (pinned["residency"], pinned["pinned"]) == ("device", True)
     pool = httpx.get(f"{server.url}/admin/pool", headers=ADMIN).json()
     assert [a["name"] for a in pool["device_adapters"] if a["pinned"]] == ["pinned"]
-    assert pool["kv_blocks"]["total"] == 512 and pool["adapter_slots"]["total"] == 8
+    pages = pool["pages"]
+    assert pages["total"] == 512 and pool["adapter_slots"]["total"] == 8
+    assert pages["adapters"] == sum(a["pages"] for a in pool["device_adapters"]) > 0, "its rows fill pool pages"
+    assert pages["kv"] + pages["adapters"] + pages["free"] == 512
+    assert pages["kv_capacity"] == 512 - pages["adapters"], "KV may have every page the adapters do not hold"
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert f"loraserve_pool_pages_adapters {float(pages['adapters'])}" in metrics
     unpinned = httpx.post(f"{server.url}/admin/adapters/pinned/unpin", headers=ADMIN).json()
     assert unpinned["pinned"] is False
     httpx.delete(f"{server.url}/admin/adapters/pinned", headers=ADMIN)

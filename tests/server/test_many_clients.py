@@ -64,7 +64,7 @@ def test_64_streaming_clients_over_16_adapters_complete_and_show_in_metrics(load
         assert finished == dict.fromkeys(finished, 4)
         wait_until_idle(running.engine)
         pool = httpx.get(f"{running.url}/admin/pool", headers=ADMIN).json()
-        assert pool["kv_blocks"]["used"] == 0, "every KV block is free afterwards"
+        assert pool["pages"]["kv"] == 0, "every KV block is free afterwards"
 
 
 def _samples(text: str) -> dict[str, float]:

@@ -52,7 +52,7 @@ def test_restart_keeps_adapters_and_a_tampered_one_is_failed_with_a_reason(loade
 
 
 def test_server_refuses_to_start_on_a_database_it_cannot_migrate(loaded_model, tmp_path):
-    config = EngineConfig(model=ModelConfig(dtype="float32"), cache=CacheConfig(num_blocks=16))
+    config = EngineConfig(model=ModelConfig(dtype="float32"), cache=CacheConfig(num_pages=64))
     engine = AsyncLLMEngine(LLMEngine(config, loaded=loaded_model))
     unreachable = "postgresql://nobody@127.0.0.1:9/none"
     with pytest.raises(RegistryError, match=r"postgresql://nobody@127\.0\.0\.1:9/none"):

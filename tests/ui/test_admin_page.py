@@ -111,5 +111,5 @@ def test_sign_in_upload_chat_compare_pin_delete(page, ui_server):
     expect(row(page, "ui-robot")).to_have_count(0)
 
     page.get_by_role("button", name="Live").click()
-    expect(page.locator("#kv-text")).to_contain_text("blocks used")
+    expect(page.locator("#kv-text")).to_contain_text("pages hold KV blocks")
     expect(page.locator("#slot-text")).to_contain_text("of 4 slots used")

@@ -1,0 +1,96 @@
+"""One device pool for KV blocks and adapter weights (S-LoRA unified paging).
+
+The pool is one flat tensor. Its first part is the paged KV cache, viewed as
+`[2 (k, v), layers, num_pages, block_size, Hkv, D]`; a page is one KV block, the same
+index in every layer's K and V. A page can instead hold adapter rows: its 2 x layers
+pieces of `block_size * Hkv * D` elements ("slabs") are filled with whole rows of A and
+B^T, so an adapter of rank r takes about r / 8 of the pages a rank-64 one takes. The
+kernels read those rows where they lie, through row tables (sgmv_kernels/layout.py).
+A zero tail after the pages is the row every table entry past a rank points at.
+
+Which page holds what is the PageAllocator's business; this file owns the tensor.
+Example, SmolLM2-135M in bfloat16 with 16-token blocks: a page is 30 x 2 x 16 x 3 x 64
+elements (360 KiB); a rank-16 adapter on all seven projections takes 27 pages, room for
+432 tokens of KV.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from loraserve.config import CacheConfig
+from loraserve.engine.page_allocator import PageAllocator
+from loraserve.errors import ConfigError
+from loraserve.lora.adapter import projection_shapes
+from loraserve.models.llama import KVCache, LlamaSpec
+
+
+def page_bytes(spec: LlamaSpec, block_size: int, dtype: torch.dtype) -> int:
+    return spec.kv_bytes_per_token(dtype) * block_size
+
+
+def pool_pages(config: CacheConfig, spec: LlamaSpec, dtype: torch.dtype, device: str) -> int:
+    """Pages from the configured budget: a page count, a fraction of free memory, or bytes."""
+    if config.num_pages is not None:
+        return config.num_pages
+    memory = config.pool_memory
+    if config.pool_memory_fraction is not None:
+        memory = int(free_device_memory(device) * config.pool_memory_fraction)
+    return max(1, memory // page_bytes(spec, config.block_size, dtype))
+
+
+def free_device_memory(device: str) -> int:
+    """Bytes the device could still give: CUDA's free memory, or the host's available RAM."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class MemoryPool:
+    """The tensor behind every KV block and every loaded adapter, and its page allocator."""
+
+    def __init__(self, spec: LlamaSpec, block_size: int, num_pages: int, dtype: torch.dtype, device: str) -> None:
+        self.spec, self.num_pages, self.dtype = spec, num_pages, dtype
+        self.page_bytes = page_bytes(spec, block_size, dtype)
+        self.slab_elems = block_size * spec.num_kv_heads * spec.head_dim
+        self.slabs_per_page = 2 * spec.num_layers
+        widest_row = max(max(shape) for shape in projection_shapes(spec).values())
+        if widest_row > self.slab_elems:
+            raise ConfigError(
+                "--block-size",
+                f"a block of {block_size} tokens holds {self.slab_elems} elements per layer, less than one "
+                f"adapter row of {widest_row}; use at least {-(-widest_row // (spec.num_kv_heads * spec.head_dim))}",
+            )
+        kv_elems = self.slabs_per_page * num_pages * self.slab_elems
+        # Zeros, not empty: padded attention reads are masked out, but a NaN bit pattern
+        # would still poison 0 * NaN; and the tail must read as zeros.
+        self.buffer = torch.zeros(kv_elems + widest_row, dtype=dtype, device=device)
+        self.zero_offset = kv_elems
+        self.kv_cache = self.buffer[:kv_elems].view(
+            2, spec.num_layers, num_pages, block_size, spec.num_kv_heads, spec.head_dim
+        )
+        self.kv_caches: list[KVCache] = [(self.kv_cache[0, i], self.kv_cache[1, i]) for i in range(spec.num_layers)]
+        self._slabs = self.buffer[:kv_elems].view(-1, self.slab_elems)
+        self.pages = PageAllocator(num_pages)
+
+    @classmethod
+    def sized(cls, spec: LlamaSpec, block_size: int, memory_bytes: int, dtype: torch.dtype, device: str) -> MemoryPool:
+        return cls(spec, block_size, max(1, memory_bytes // page_bytes(spec, block_size, dtype)), dtype, device)
+
+    def slab_offset(self, page: int, piece: int) -> int:
+        """Element offset of the `piece`-th slab (0 .. 2 x layers - 1) of `page`."""
+        return (piece * self.num_pages + page) * self.slab_elems
+
+    def page_of_offset(self, offset: int) -> int:
+        """The page an element offset (below the zero tail) lies in."""
+        return (offset // self.slab_elems) % self.num_pages
+
+    def write_slabs(self, slab_ids: torch.Tensor, data: torch.Tensor) -> None:
+        """Copy `data` [n, slab_elems] into the slabs whose flat indices are `slab_ids`."""
+        self._slabs.index_copy_(0, slab_ids.to(self.buffer.device), data.to(self.buffer.device, non_blocking=True))
+
+    def copy_blocks(self, sources: list[int], destinations: list[int]) -> None:
+        """Copy-on-write of KV blocks: every layer's K and V of each source page."""
+        self.kv_cache[:, :, destinations] = self.kv_cache[:, :, sources]

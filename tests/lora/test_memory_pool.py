@@ -1,0 +1,89 @@
+"""The unified pool: KV blocks and adapter rows share one set of pages (S-LoRA)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from loraserve.config import CacheConfig
+from loraserve.engine.block_manager import BlockManager
+from loraserve.engine.page_allocator import PageUse
+from loraserve.errors import ConfigError
+from loraserve.lora.manager import AdapterSource
+from loraserve.lora.memory_pool import free_device_memory, page_bytes, pool_pages
+from loraserve.lora.residency import Residency
+from sgmv_kernels import gather_rows
+from tests.engine.helpers import make_sequence
+from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, TINY_SPEC, register_tiny, tiny_adapter, tiny_adapter_manager
+
+
+def load(manager, name: str) -> None:
+    for _ in range(3):
+        if manager.acquire(name) is Residency.READY:
+            return
+        assert manager.wait_idle()
+    raise AssertionError(f"{name} did not load")
+
+
+def test_an_adapter_takes_pages_in_proportion_to_its_rank():
+    # A tiny page holds 4 slabs of 16 elements; a rank-r q_proj adapter has 2r rows of 8 per layer.
+    manager = tiny_adapter_manager(num_slots=2, num_pages=64, max_rank=64)
+    for name, seed, rank in (("r8", 1, 8), ("r64", 2, 64)):
+        manager.register(name, AdapterSource(Path("tiny") / str(seed), None), tiny_adapter(seed, rank=rank))
+    for name in ("r8", "r64"):
+        load(manager, name)
+        manager.release(name)
+    pages = manager.slots.pool.pages
+    assert (manager.slots.pages_of("r8"), manager.slots.pages_of("r64")) == (4, 32), "1:8, no padding to a max rank"
+    assert pages.num_used(PageUse.ADAPTER) == 36 and pages.num_free == 64 - 36
+
+
+def test_rows_land_in_the_reserved_pages_and_unloading_returns_them():
+    manager = tiny_adapter_manager(num_slots=1, num_pages=8)
+    register_tiny(manager, "a", seed=3)
+    load(manager, "a")
+    slots, pool = manager.slots, manager.slots.pool
+    reserved = slots.pages_held("a")
+    q = slots.layers[0]["q_proj"]
+    rows = q.a_rows[slots.slot_of("a"), :2]
+    pages_of_rows = {pool.page_of_offset(int(offset)) for offset in rows}
+    assert pages_of_rows <= set(reserved), "the table points into the adapter's own pages"
+    torch.testing.assert_close(gather_rows(q.pool, rows, 8), tiny_adapter(3).weights[(0, "q_proj")].a)
+    manager.release("a")
+    manager.unregister("a")
+    assert pool.pages.num_free == 8 and pool.pages.num_used(PageUse.ADAPTER) == 0
+
+
+def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_way_to_kv():
+    manager = tiny_adapter_manager(num_slots=2, num_pages=8)
+    blocks = BlockManager(manager.slots.pool.pages, TINY_BLOCK_SIZE)
+    register_tiny(manager, "a", seed=1)  # rank 2: one page
+    load(manager, "a")
+    assert blocks.num_free_blocks == 7, "the adapter's page is not KV's"
+    seq = make_sequence(28)  # 7 blocks: fits beside the busy adapter
+    assert blocks.can_allocate(seq, 28)
+    blocks.allocate(seq, 28)
+    longer = make_sequence(4)
+    assert not blocks.can_allocate(longer, 4), "a running adapter is never evicted for KV"
+    manager.release("a")  # idle now: a cache, KV may take its page
+    assert blocks.can_allocate(longer, 4)
+    assert manager.residency("a") == "host" and manager.stats.evictions == 1
+    blocks.allocate(longer, 4)
+    register_tiny(manager, "b", seed=2)
+    assert manager.acquire("b") is Residency.LOADING and manager.wait_idle()
+    assert manager.acquire("b") is Residency.NO_SLOT, "every page holds KV of running sequences"
+    blocks.free(seq)
+    load(manager, "b")
+    assert blocks.num_used_blocks == 1 and manager.slots.pages_of("b") == 1
+
+
+def test_the_pool_is_sized_from_bytes_or_a_fraction_of_free_memory():
+    page = page_bytes(TINY_SPEC, 16, torch.float32)
+    assert pool_pages(CacheConfig(pool_memory=10 * page), TINY_SPEC, torch.float32, "cpu") == 10
+    free = free_device_memory("cpu")
+    pages = pool_pages(CacheConfig(pool_memory_fraction=0.01), TINY_SPEC, torch.float32, "cpu")
+    assert 0 < pages * page <= 0.011 * free
+    with pytest.raises(ConfigError, match="--pool-memory-fraction"):
+        CacheConfig(pool_memory_fraction=1.5)

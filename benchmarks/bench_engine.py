@@ -21,7 +21,14 @@ from collections import defaultdict
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
+from benchmarks.report import (
+    add_model_flags,
+    add_report_flags,
+    machine_description,
+    median_spread,
+    reproduce_command,
+    write_section,
+)
 from benchmarks.workloads import Workload, chat_workload, left_padded
 from loraserve import LLM, SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -42,8 +49,8 @@ class Result:
 
 def run_loraserve(loaded: LoadedModel, prompt_ids: list[list[int]], lens: list[int], batch_size: int) -> float:
     config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
-        cache=CacheConfig(kv_cache_memory=1 << 30),
+        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch."), device=loaded.device),
+        cache=CacheConfig(pool_memory=1 << 30),
         scheduler=SchedulerConfig(max_num_seqs=batch_size),
     )
     llm = LLM.from_engine(LLMEngine(config, loaded=loaded))
@@ -63,8 +70,8 @@ def run_transformers(model, tokenizer, prompt_ids: list[list[int]], lens: list[i
         input_ids, attention_mask = left_padded(rows, pad)
         with torch.inference_mode():
             model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
+                input_ids=input_ids.to(model.device),
+                attention_mask=attention_mask.to(model.device),
                 max_new_tokens=max(row_lens),
                 min_new_tokens=max(row_lens),
                 do_sample=False,
@@ -73,9 +80,10 @@ def run_transformers(model, tokenizer, prompt_ids: list[list[int]], lens: list[i
     return sum(lens) / (time.perf_counter() - start)
 
 
-def bench_dtype(dtype: str, batch_sizes: list[int], workload: Workload, repeats: int) -> list[Result]:
-    loaded = load_model(ModelConfig(dtype=dtype))
-    hf_model = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).eval()
+def bench_dtype(model_config: ModelConfig, batch_sizes: list[int], workload: Workload, repeats: int) -> list[Result]:
+    loaded = load_model(model_config)
+    dtype = model_config.dtype
+    hf_model = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).to(loaded.device).eval()
     all_ids = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     samples: dict[tuple[int, str], list[float]] = defaultdict(list)
     for batch_size in batch_sizes:
@@ -95,12 +103,13 @@ def bench_dtype(dtype: str, batch_sizes: list[int], workload: Workload, repeats:
     return [Result(dtype, b, system, values) for (b, system), values in samples.items()]
 
 
-def step_profile(dtype: str, batch_size: int, workload: Workload) -> str:
+def step_profile(model_config: ModelConfig, batch_size: int, workload: Workload) -> str:
     """Where a decode step's time goes: torch profiler self time grouped by kind of op."""
-    loaded = load_model(ModelConfig(dtype=dtype))
+    loaded = load_model(model_config)
+    dtype = model_config.dtype
     config = EngineConfig(
-        model=ModelConfig(dtype=dtype),
-        cache=CacheConfig(kv_cache_memory=1 << 30),
+        model=model_config,
+        cache=CacheConfig(pool_memory=1 << 30),
         scheduler=SchedulerConfig(max_num_seqs=batch_size),
     )
     engine = LLMEngine(config, loaded=loaded)
@@ -149,12 +158,12 @@ def _op_group(op: str) -> str:
     return "elementwise (norms, RoPE, SiLU, residuals) and copies"
 
 
-def render(results: list[Result], repeats: int, profile: str, command: str) -> str:
+def render(results: list[Result], repeats: int, profile: str | None, command: str, device: str) -> str:
     by_key = {(r.dtype, r.batch_size, r.system): r.tokens_per_s for r in results}
     lines = [
-        "## Engine vs transformers (no LoRA)",
+        f"## Engine vs transformers (no LoRA){', on a GPU' if device == 'cuda' else ''}",
         "",
-        f"Command: `{command}`. Machine: {machine_description()}.",
+        f"Command: `{command}`. Machine: {machine_description(device)}.",
         "",
         "Each batch size runs `max(2 x batch, 4)` chat prompts of ~60 tokens with output lengths drawn from "
         "[32, 128] (seeded), greedy, EOS ignored. transformers runs static batches of that size; loraserve runs "
@@ -170,7 +179,8 @@ def render(results: list[Result], repeats: int, profile: str, command: str) -> s
             f"| {dtype} | {batch_size} | {median_spread(ours)} | {median_spread(theirs)} | "
             f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
         )
-    lines += ["", "### Where the step time goes", "", profile, ""]
+    if profile is not None:
+        lines += ["", "### Where the step time goes", "", profile, ""]
     return "\n".join(lines)
 
 
@@ -181,18 +191,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-output", type=int, default=32)
     parser.add_argument("--max-output", type=int, default=128)
+    add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.batch_sizes, args.dtypes, args.repeats, args.min_output, args.max_output = [2], ["float32"], 1, 4, 8
     workload = chat_workload(max(2 * max(args.batch_sizes), 4), args.min_output, args.max_output)
-    results = [r for dtype in args.dtypes for r in bench_dtype(dtype, args.batch_sizes, workload, args.repeats)]
+    configs = {dtype: ModelConfig(model=args.model, dtype=dtype, device=args.device) for dtype in args.dtypes}
+    results = [r for config in configs.values() for r in bench_dtype(config, args.batch_sizes, workload, args.repeats)]
     if args.quick:
         return
-    profile = step_profile("bfloat16", 32, workload)
-    print(profile)
+    profile = None
+    if args.device == "cpu":  # the profile counts CPU time: on a GPU the ops run asynchronously
+        profile = step_profile(ModelConfig(model=args.model, dtype="bfloat16", device=args.device), 32, workload)
+        print(profile)
     command = reproduce_command("benchmarks.bench_engine")
-    write_section(args.output, SECTION, render(results, args.repeats, profile, command))
+    section = SECTION if args.device == "cpu" else f"{SECTION}-{args.device}"
+    write_section(args.output, section, render(results, args.repeats, profile, command, args.device))
     print(f"wrote {args.output} ({platform.node()})")
 
 

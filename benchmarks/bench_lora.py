@@ -20,7 +20,14 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
+from benchmarks.report import (
+    add_model_flags,
+    add_report_flags,
+    machine_description,
+    median_spread,
+    reproduce_command,
+    write_section,
+)
 from benchmarks.workloads import chat_workload, left_padded
 from loraserve import LLM, SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -50,8 +57,8 @@ def make_adapters(model_dir: Path, count: int, out_dir: Path, dtype: torch.dtype
 
 def run_loraserve(loaded: LoadedModel, prompts, adapters, max_tokens: int, paths: list[Path]) -> float:
     config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
-        cache=CacheConfig(kv_cache_memory=1 << 30),
+        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch."), device=loaded.device),
+        cache=CacheConfig(pool_memory=1 << 30),
         scheduler=SchedulerConfig(max_num_seqs=len(prompts)),
         lora=EngineLoraConfig(max_loras=len(paths), max_lora_rank=16),
     )
@@ -70,8 +77,8 @@ def run_peft(model: PeftModel, tokenizer, prompts, adapters, max_tokens: int) ->
     start = time.perf_counter()
     with torch.inference_mode():
         model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention_mask.to(model.device),
             adapter_names=[a if a is not None else "__base__" for a in adapters],
             max_new_tokens=max_tokens,
             min_new_tokens=max_tokens,
@@ -87,17 +94,18 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.requests, args.adapters, args.max_tokens, args.repeats = 4, 2, 4, 1
-    loaded = load_model(ModelConfig(dtype="bfloat16"))
+    loaded = load_model(ModelConfig(model=args.model, dtype="bfloat16", device=args.device))
     workload = chat_workload(args.requests, args.max_tokens, args.max_tokens)
     prompts = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     names = [f"adapter-{i % args.adapters}" for i in range(args.requests)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_adapters(loaded.model_dir, args.adapters, Path(tmp), loaded.dtype)
-        base = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype)
+        base = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).to(loaded.device)
         peft_model = PeftModel.from_pretrained(base, paths[0], adapter_name="adapter-0")
         for i, path in enumerate(paths[1:], start=1):
             peft_model.load_adapter(path, adapter_name=f"adapter-{i}")
@@ -114,9 +122,9 @@ def main() -> None:
     command = reproduce_command("benchmarks.bench_lora")
     body = "\n".join(
         [
-            "## Multi-LoRA throughput",
+            f"## Multi-LoRA throughput{', on a GPU' if args.device == 'cuda' else ''}",
             "",
-            f"Command: `{command}`. Machine: {machine_description()}.",
+            f"Command: `{command}`. Machine: {machine_description(args.device)}.",
             "",
             f"{args.requests} requests of ~60 prompt tokens over {args.adapters} distinct adapters (ranks 8 and 16 "
             f"alternating, all seven projections), {args.max_tokens} new tokens each, greedy, EOS ignored, bfloat16, "
@@ -131,7 +139,7 @@ def main() -> None:
             f"{median['lora'] / median['peft']:.1f}x peft |",
         ]
     )
-    write_section(args.output, SECTION, body)
+    write_section(args.output, SECTION if args.device == "cpu" else f"{SECTION}-{args.device}", body)
     print(body)
 
 

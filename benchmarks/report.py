@@ -15,7 +15,10 @@ import torch
 from loraserve.models.dtypes import cpu_has_native_bf16
 
 
-def machine_description() -> str:
+def machine_description(device: str = "cpu") -> str:
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        return f"{props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}"
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -46,6 +49,12 @@ def add_report_flags(parser: argparse.ArgumentParser) -> None:
     """--output (where the section goes) and --quick (a smoke run that writes nothing), for every harness."""
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """--model and --device: the default model on the CPU unless told otherwise."""
+    parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 
 
 def reproduce_command(module: str) -> str:

@@ -227,10 +227,16 @@ class AdapterManager:
         return self.slots.reserve(name, need)
 
     def reclaim_pages(self, count: int) -> None:
-        """The KV side is `count` pages short: evict idle adapters, least recently used first."""
+        """The KV side is `count` pages short: evict idle adapters, least recently used first.
+
+        Nothing is evicted when all of them together would not free enough.
+        """
         with self._lock:
+            idle = sorted(self._idle(), key=lambda n: self._last_used.get(n, -1))
+            if sum(self.slots.pages_of(n) for n in idle) < count:
+                return
             freed = 0
-            for name in sorted(self._idle(), key=lambda n: self._last_used.get(n, -1)):
+            for name in idle:
                 if freed >= count:
                     break
                 freed += self.slots.pages_of(name)

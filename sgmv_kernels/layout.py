@@ -29,10 +29,6 @@ class PooledLora:
     ranks: torch.Tensor  # [num_slots] int32, 0 = the slot does not adapt this projection
     scales: torch.Tensor  # [num_slots] float32
 
-    @property
-    def max_rank(self) -> int:
-        return self.a_rows.shape[1]
-
 
 def gather_rows(pool: torch.Tensor, offsets: torch.Tensor, width: int) -> torch.Tensor:
     """[*offsets.shape, width]: row i is pool[offsets[i] : offsets[i] + width], copied."""

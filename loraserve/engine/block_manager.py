@@ -26,10 +26,6 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return self.pages.num_free
 
-    @property
-    def num_used_blocks(self) -> int:
-        return self.pages.num_used(PageUse.KV)
-
     def ref_count(self, block: int) -> int:
         return self._ref_counts[block]
 

@@ -115,9 +115,6 @@ class AdapterManager:
     def rank_and_bytes(self, name: str) -> tuple[int, int] | None:
         return self._ranks.get(name)
 
-    def pages_needed(self, name: str) -> int | None:
-        return self._pages_needed.get(name)
-
     def residency(self, name: str) -> str:
         """Where the weights are: "device" (a slot), "host" (CPU memory) or "disk"."""
         return "device" if name in self.slots else "host" if name in self.host else "disk"

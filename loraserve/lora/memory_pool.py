@@ -79,13 +79,9 @@ class MemoryPool:
     def sized(cls, spec: LlamaSpec, block_size: int, memory_bytes: int, dtype: torch.dtype, device: str) -> MemoryPool:
         return cls(spec, block_size, max(1, memory_bytes // page_bytes(spec, block_size, dtype)), dtype, device)
 
-    def slab_offset(self, page: int, piece: int) -> int:
-        """Element offset of the `piece`-th slab (0 .. 2 x layers - 1) of `page`."""
-        return (piece * self.num_pages + page) * self.slab_elems
-
-    def page_of_offset(self, offset: int) -> int:
-        """The page an element offset (below the zero tail) lies in."""
-        return (offset // self.slab_elems) % self.num_pages
+    def slab_id(self, page: int, piece: int) -> int:
+        """Index of the `piece`-th slab (0 .. 2 x layers - 1) of `page`; it starts at element id x slab_elems."""
+        return piece * self.num_pages + page
 
     def write_slabs(self, slab_ids: torch.Tensor, data: torch.Tensor) -> None:
         """Copy `data` [n, slab_elems] into the slabs whose flat indices are `slab_ids`."""

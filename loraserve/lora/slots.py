@@ -161,9 +161,8 @@ class AdapterSlots:
         placements, num_slabs = pack(row_blocks(adapter), pool.slab_elems)
         assert num_slabs <= len(reservation.pages) * pool.slabs_per_page, "reserved with another size"
         staging = torch.zeros(num_slabs, pool.slab_elems, dtype=pool.dtype)
-        slab_offsets = [
-            pool.slab_offset(reservation.pages[s // pool.slabs_per_page], s % pool.slabs_per_page)
-            for s in range(num_slabs)
+        slab_ids = [
+            pool.slab_id(reservation.pages[s // pool.slabs_per_page], s % pool.slabs_per_page) for s in range(num_slabs)
         ]
         tables = (
             torch.full(self.a_rows[:, :, 0].shape, pool.zero_offset, dtype=torch.int64),
@@ -173,7 +172,7 @@ class AdapterSlots:
             block, width = placed.block, placed.block.rows.shape[1]
             rows = block.rows[placed.first_row : placed.first_row + placed.num_rows]
             staging[placed.slab, placed.start : placed.start + rows.numel()] = rows.reshape(-1)
-            first = slab_offsets[placed.slab] + placed.start
+            first = slab_ids[placed.slab] * pool.slab_elems + placed.start
             tables[block.matrix][
                 block.layer, block.projection, placed.first_row : placed.first_row + placed.num_rows
             ] = torch.arange(placed.num_rows) * width + first
@@ -182,18 +181,26 @@ class AdapterSlots:
         for (layer, projection), weights in adapter.weights.items():
             ranks[layer, PROJECTIONS.index(projection)] = weights.rank
             scales[layer, PROJECTIONS.index(projection)] = weights.scale
-        slab_ids = torch.tensor([offset // pool.slab_elems for offset in slab_offsets], dtype=torch.long)
+        slab_index = torch.tensor(slab_ids, dtype=torch.long)
         slot = reservation.slot
         if self._copy_stream is None:
-            self._copy(slot, slab_ids, staging, tables, ranks, scales)
+            self._copy(slot, slab_index, staging, tables, ranks, scales)
             return
         # CUDA: from pinned memory on a side stream, so the step loop's stream never waits on it.
         with torch.cuda.stream(self._copy_stream):
-            self._copy(slot, slab_ids, staging.pin_memory(), tables, ranks, scales)
+            self._copy(slot, slab_index, staging.pin_memory(), tables, ranks, scales)
         self._copy_stream.synchronize()
 
-    def _copy(self, slot: int, slab_ids, staging, tables, ranks, scales) -> None:
-        self.pool.write_slabs(slab_ids, staging)
+    def _copy(
+        self,
+        slot: int,
+        slab_index: torch.Tensor,
+        staging: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        ranks: torch.Tensor,
+        scales: torch.Tensor,
+    ) -> None:
+        self.pool.write_slabs(slab_index, staging)
         device = self.a_rows.device
         self.a_rows[:, :, slot] = tables[0].to(device, non_blocking=True)
         self.b_rows[:, :, slot] = tables[1].to(device, non_blocking=True)

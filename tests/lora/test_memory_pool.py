@@ -48,7 +48,7 @@ def test_rows_land_in_the_reserved_pages_and_unloading_returns_them():
     reserved = slots.pages_held("a")
     q = slots.layers[0]["q_proj"]
     rows = q.a_rows[slots.slot_of("a"), :2]
-    pages_of_rows = {pool.page_of_offset(int(offset)) for offset in rows}
+    pages_of_rows = {(int(offset) // pool.slab_elems) % pool.num_pages for offset in rows}  # slab -> its page
     assert pages_of_rows <= set(reserved), "the table points into the adapter's own pages"
     torch.testing.assert_close(gather_rows(q.pool, rows, 8), tiny_adapter(3).weights[(0, "q_proj")].a)
     manager.release("a")
@@ -76,7 +76,7 @@ def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_w
     assert manager.acquire("b") is Residency.NO_SLOT, "every page holds KV of running sequences"
     blocks.free(seq)
     load(manager, "b")
-    assert blocks.num_used_blocks == 1 and manager.slots.pages_of("b") == 1
+    assert manager.slots.pool.pages.num_used(PageUse.KV) == 1 and manager.slots.pages_of("b") == 1
 
 
 def test_the_pool_is_sized_from_bytes_or_a_fraction_of_free_memory():

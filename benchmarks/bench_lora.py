@@ -4,8 +4,8 @@ vs peft's mixed-adapter batch (`generate(..., adapter_names=...)`).
     python -m benchmarks.bench_lora            # writes its section of docs/benchmarks.md
     python -m benchmarks.bench_lora --quick    # smoke run, nothing written
 
-Adapters: ranks 8 and 16 alternating, all seven projections, random weights saved by peft
-(throughput does not depend on what the weights learned). Greedy, EOS ignored, bfloat16.
+Adapters: ranks 8 and 16 alternating, all seven projections, seeded random weights in
+PEFT files (throughput does not depend on what the weights learned). Greedy, EOS ignored, bfloat16.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
@@ -37,22 +38,6 @@ from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 
 SECTION = "multi-lora"
-PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def make_adapters(model_dir: Path, count: int, out_dir: Path, dtype: torch.dtype) -> list[Path]:
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    paths = []
-    for i in range(count):
-        torch.manual_seed(i)
-        rank = 8 if i % 2 == 0 else 16
-        config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, init_lora_weights=False)
-        model = get_peft_model(base, config)
-        path = out_dir / f"adapter-{i}"
-        model.save_pretrained(path)
-        base = model.unload()
-        paths.append(path)
-    return paths
 
 
 def run_loraserve(loaded: LoadedModel, prompts, adapters, max_tokens: int, paths: list[Path]) -> float:
@@ -104,7 +89,7 @@ def main() -> None:
     prompts = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     names = [f"adapter-{i % args.adapters}" for i in range(args.requests)]
     with tempfile.TemporaryDirectory() as tmp:
-        paths = make_adapters(loaded.model_dir, args.adapters, Path(tmp), loaded.dtype)
+        paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp))
         base = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).to(loaded.device)
         peft_model = PeftModel.from_pretrained(base, paths[0], adapter_name="adapter-0")
         for i, path in enumerate(paths[1:], start=1):

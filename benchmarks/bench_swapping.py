@@ -17,8 +17,6 @@ EOS ignored, the engine driven in-process with each request added at its arrival
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import statistics
 import tempfile
 import time
@@ -26,17 +24,14 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
+from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
-from benchmarks.workloads import chat_workload
+from benchmarks.workloads import arrival_times, assign_adapters, chat_workload
 from loraserve import SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
 from loraserve.engine import LLMEngine
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
-from loraserve.models.llama import LlamaSpec
 
 SECTION = "adapter-swapping"
 
@@ -58,38 +53,11 @@ class RunResult:
     failed: int
 
 
-def write_adapters(spec: LlamaSpec, count: int, out_dir: Path) -> list[Path]:
-    """PEFT directories with random q_proj / v_proj LoRA weights, ranks 8 and 16 alternating."""
-    shapes = {"q_proj": spec.num_heads * spec.head_dim, "v_proj": spec.num_kv_heads * spec.head_dim}
-    generator = torch.Generator().manual_seed(0)
-    paths = []
-    for i in range(count):
-        rank = 8 if i % 2 == 0 else 16
-        tensors = {}
-        for layer in range(spec.num_layers):
-            for projection, out_features in shapes.items():
-                prefix = f"base_model.model.model.layers.{layer}.self_attn.{projection}"
-                tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, spec.hidden_size, generator=generator) * 0.02
-                tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
-        path = out_dir / f"adapter-{i}"
-        path.mkdir()
-        save_file(tensors, path / "adapter_model.safetensors")
-        config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(shapes)}
-        (path / "adapter_config.json").write_text(json.dumps(config))
-        paths.append(path)
-    return paths
-
-
 def zipf_arrivals(prompts: list[list[int]], num_adapters: int, rate: float, seed: int = 0) -> list[Arrival]:
-    """Adapter k (0-based) drawn with probability proportional to 1/(k+1); exponential gaps at `rate`/s."""
-    rng = random.Random(seed)
-    weights = [1 / (k + 1) for k in range(num_adapters)]
-    at, arrivals = 0.0, []
-    for prompt in prompts:
-        at += rng.expovariate(rate)
-        (adapter,) = rng.choices(range(num_adapters), weights)
-        arrivals.append(Arrival(at, prompt, f"adapter-{adapter}"))
-    return arrivals
+    """Adapters by Zipf(1.0) popularity, Poisson arrivals at `rate`/s."""
+    adapters = assign_adapters("zipf", len(prompts), num_adapters, seed)
+    times = arrival_times(len(prompts), rate, seed=seed)
+    return [Arrival(at, prompt, f"adapter-{k}") for at, prompt, k in zip(times, prompts, adapters, strict=True)]
 
 
 MAX_NUM_SEQS = 64
@@ -175,7 +143,7 @@ def main() -> None:
     longest = max(len(p) for p in prompts) + args.max_tokens
     results: dict[str, list[RunResult]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_adapters(loaded.model.spec, args.adapters, Path(tmp))
+        paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp), ("q_proj", "v_proj"))
         pages = {room: pool_pages(loaded, paths[1], room, longest) for _, room in cases.values()}
         for _ in range(args.repeats):
             for name, (num_adapters, room) in cases.items():

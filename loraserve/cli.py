@@ -82,6 +82,7 @@ def _serve(args: argparse.Namespace) -> None:
 
     from loraserve.engine import LLMEngine
     from loraserve.engine.async_engine import AsyncLLMEngine
+    from loraserve.engine.openmp import in_passing_thread, keep_serial
     from loraserve.server.app import create_app
 
     config = ServerConfig(
@@ -92,7 +93,10 @@ def _serve(args: argparse.Namespace) -> None:
         max_upload_bytes=args.max_upload_bytes,
         register_samples=not args.no_samples,
     )
-    engine = AsyncLLMEngine(LLMEngine(_engine_config(args)))
+    # The engine thread will be the only one computing in parallel: the model loads with every
+    # core in a thread that then exits, and this thread (the event loop's) stays serial.
+    keep_serial()
+    engine = AsyncLLMEngine(in_passing_thread(lambda: LLMEngine(_engine_config(args))))
     app = create_app(engine, config)
     state = app.state.loraserve
     if config.admin_token is None:

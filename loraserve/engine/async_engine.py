@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from loraserve.engine.llm_engine import LLMEngine
+from loraserve.engine.openmp import keep_serial
 from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
 
@@ -83,6 +84,7 @@ class AsyncLLMEngine:
         """Run `action` on the engine between two steps (adapter changes, pool statistics)."""
 
         def locked() -> T:
+            keep_serial()  # a worker thread of the event loop: no OpenMP team of its own (openmp.py)
             with self._lock:
                 return action(self.engine)
 
@@ -101,6 +103,7 @@ class AsyncLLMEngine:
         adapter: str | None,
         stream: _Stream,
     ) -> None:
+        keep_serial()
         with self._lock:
             self.engine.add_request(request_id, prompt, params, adapter=adapter)
             self._streams[request_id] = stream

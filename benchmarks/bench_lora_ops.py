@@ -3,9 +3,11 @@
     python -m benchmarks.bench_lora_ops
 
 Candidates: the per-segment loop (the SGMV reference), gather + bmm (sgmv_kernels.cpu:
-each row's A and B gathered up to the batch's largest rank), and a loop over distinct
-adapters (rows of an adapter gathered together). Prints microseconds per shrink +
-expand, median of 30 calls.
+each row's A and B gathered up to the batch's largest rank), a loop over distinct
+adapters (rows of an adapter gathered together), and rows regrouped by adapter over
+dense float32 stacks of the distinct adapters (`grouped_lora`), with the stacks gathered
+in the call or reused (as the engine reuses them while the same adapters run). Prints
+microseconds per shrink + expand, median of 30 calls.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from functools import partial
 import torch
 
 from sgmv_kernels import PooledLora, gather_rows, pool_from_dense, sgmv_expand_reference, sgmv_shrink_reference
-from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
+from sgmv_kernels.cpu import RowGroups, bgmv_expand_gathered, bgmv_shrink_gathered, grouped_lora
 
 
 def per_segment_loop(x, w: PooledLora, indptr, slots, out):
@@ -39,6 +41,24 @@ def per_adapter_loop(x, w: PooledLora, row_slots, out):
         a = gather_rows(w.pool, w.a_rows[slot, :r], x.shape[1])
         b_t = gather_rows(w.pool, w.b_rows[slot, :r], out.shape[1])
         out.index_add_(0, rows, ((x[rows] @ a.T) @ b_t * w.scales[slot]).to(out.dtype))
+
+
+def grouped_stacks(w: PooledLora, row_slots, h_in: int, h_out: int):
+    """The distinct adapters' dense float32 stacks and the rows regrouped by adapter."""
+    distinct = sorted(set(row_slots.tolist()) - {-1})
+    group_of = {slot: group for group, slot in enumerate(distinct)}
+    groups = RowGroups.of_segments([1] * len(row_slots), [group_of.get(s, -1) for s in row_slots.tolist()], "cpu")
+    slots = torch.tensor(distinct)
+    rank = int(w.ranks[slots].max())
+    a = gather_rows(w.pool, w.a_rows[slots, :rank], h_in).float()
+    b = gather_rows(w.pool, w.b_rows[slots, :rank], h_out).float()
+    scales = w.scales[slots].unsqueeze(1).expand(-1, rank).contiguous()
+    return a, b, scales, groups
+
+
+def grouped(x, w: PooledLora, row_slots, out, stacks=None):
+    a, b, scales, groups = stacks or grouped_stacks(w, row_slots, x.shape[1], out.shape[1])
+    grouped_lora(x, a, [b], scales, groups, out)
 
 
 def timed(fn, repeats: int = 30) -> float:
@@ -73,6 +93,10 @@ def main() -> None:
                 "per-segment loop": timed(partial(per_segment_loop, x, pooled, indptr, seg_slots, out)),
                 "gather + bmm": timed(partial(gather_bmm, x, pooled, row_slots, out)),
                 "per-adapter loop": timed(partial(per_adapter_loop, x, pooled, row_slots, out)),
+                "grouped, stacks gathered": timed(partial(grouped, x, pooled, row_slots, out)),
+                "grouped, stacks reused": timed(
+                    partial(grouped, x, pooled, row_slots, out, grouped_stacks(pooled, row_slots, h_in, h_out))
+                ),
             }
             cells = ", ".join(f"{name} {us:.0f} us" for name, us in results.items())
             print(f"{str(dtype).removeprefix('torch.')} {label}: {cells}")

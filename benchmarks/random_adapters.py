@@ -13,25 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from loraserve.lora.adapter import PROJECTIONS
+from loraserve.lora.adapter import PROJECTIONS, projection_shapes
 from loraserve.models.llama import LlamaSpec
 
 _ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
-
-
-def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
-    """(in_features, out_features) of every projection LoRA may adapt."""
-    q_width, kv_width = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    hidden, inner = spec.hidden_size, spec.intermediate_size
-    return {
-        "q_proj": (hidden, q_width),
-        "k_proj": (hidden, kv_width),
-        "v_proj": (hidden, kv_width),
-        "o_proj": (q_width, hidden),
-        "gate_proj": (hidden, inner),
-        "up_proj": (hidden, inner),
-        "down_proj": (inner, hidden),
-    }
 
 
 def write_random_adapters(

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from loraserve.lora.slots import AdapterSlots
-from sgmv_kernels import lora_expand, lora_shrink
+from loraserve.lora.stacked import StackedLora
+from sgmv_kernels import PooledLora, lora_expand, lora_shrink
+from sgmv_kernels.cpu import RowGroups, grouped_lora
 
 NO_ADAPTER = -1
 
@@ -26,6 +28,8 @@ class LoraBatch:
     seg_slots: torch.Tensor  # [num_segments] int32, NO_ADAPTER for base-model rows
     row_slots: torch.Tensor | None  # [T] int32 when every segment is one row (decode: BGMV)
     max_segment_len: int  # sizes the SGMV grid without reading seg_indptr back from the device
+    # On the CPU: rows regrouped by adapter and the distinct adapters' dense weights (grouped_lora).
+    grouped: tuple[RowGroups, StackedLora] | None = None
 
     @classmethod
     def build(cls, slots: AdapterSlots, lengths: list[int], slot_ids: list[int], device: str) -> LoraBatch | None:
@@ -36,17 +40,38 @@ class LoraBatch:
         for length in lengths:
             offsets.append(offsets[-1] + length)
         seg_slots = torch.tensor(slot_ids, dtype=torch.int32, device=device)
+        grouped = None
+        if device == "cpu":
+            distinct = sorted(set(slot_ids) - {NO_ADAPTER})
+            group_of = {slot: group for group, slot in enumerate(distinct)}
+            groups = RowGroups.of_segments(lengths, [group_of.get(slot, NO_ADAPTER) for slot in slot_ids], device)
+            grouped = groups, slots.stacked(distinct)
         return cls(
             slots=slots,
             seg_indptr=torch.tensor(offsets, dtype=torch.int32, device=device),
             seg_slots=seg_slots,
             row_slots=seg_slots if all(length == 1 for length in lengths) else None,
             max_segment_len=max(lengths),
+            grouped=grouped,
         )
 
-    def add(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        """out [T, out_features] += LoRA(x [T, in_features]) with each row's adapter, in place."""
-        weights = self.slots.layers[layer][projection]
+    def add(self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None:
+        """out [T, widths] += LoRA(x [T, in_features]) with each row's adapter, in place. `projections`
+        share the input x and their outputs lie side by side in `out` (q/k/v, gate/up), or it is one."""
+        layer_lora = self.slots.layers[layer]
+        if self.grouped is not None:
+            groups, stacked = self.grouped
+            stacks = stacked.weights(layer, projections, layer_lora)
+            if stacks is not None:
+                grouped_lora(x, *stacks, groups, out)
+            return
+        column = 0
+        for projection in projections:
+            width = self.slots.shapes[projection][1]
+            self._add_one(layer_lora[projection], x, out[:, column : column + width])
+            column += width
+
+    def _add_one(self, weights: PooledLora, x: torch.Tensor, out: torch.Tensor) -> None:
         if self.row_slots is not None:
             y = lora_shrink(x, weights, row_slots=self.row_slots)
             lora_expand(y, weights, out, row_slots=self.row_slots)

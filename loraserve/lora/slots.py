@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from loraserve.engine.page_allocator import PageUse
-from loraserve.lora.adapter import PROJECTIONS, LoraAdapter
+from loraserve.lora.adapter import PROJECTIONS, LoraAdapter, projection_shapes
 from loraserve.lora.memory_pool import MemoryPool
+from loraserve.lora.stacked import StackedLora
 from loraserve.models.llama import LlamaSpec
 from sgmv_kernels import PooledLora
 
@@ -84,6 +85,7 @@ class AdapterSlots:
 
     def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, pool: MemoryPool) -> None:
         self.num_slots, self.max_rank, self.pool = num_slots, max_rank, pool
+        self.shapes = projection_shapes(spec)  # projection -> (in_features, out_features)
         shape = (spec.num_layers, len(PROJECTIONS), num_slots)
         device = pool.buffer.device
         # Row tables [layers, projections, slots, max_rank] and per-slot ranks and scales.
@@ -107,6 +109,16 @@ class AdapterSlots:
         self._loaded: dict[str, Reservation] = {}  # the kernels may use these
         self._reserved: dict[str, Reservation] = {}  # taken for a load in flight
         self._copy_stream = torch.cuda.Stream() if device.type == "cuda" else None
+        # Bumped whenever a slot gets new contents: dense stacks of slots are keyed on it.
+        self._generations = [0] * num_slots
+        self._stacked: StackedLora | None = None
+
+    def stacked(self, slots: list[int]) -> StackedLora:
+        """Dense stacks of these slots' weights (the CPU path), reused while the same adapters run."""
+        key = tuple((slot, self._generations[slot]) for slot in slots)
+        if self._stacked is None or self._stacked.key != key:
+            self._stacked = StackedLora.build(key, self.ranks, self.scales, self.shapes)
+        return self._stacked
 
     @property
     def names(self) -> list[str]:
@@ -210,6 +222,7 @@ class AdapterSlots:
     def activate(self, name: str) -> None:
         """The reserved slot's weights are written: the kernels may use it from the next step."""
         self._loaded[name] = self._reserved.pop(name)
+        self._generations[self._loaded[name].slot] += 1
 
     def unload(self, name: str) -> None:
         """Free the slot and its pages (no running sequence uses it)."""

@@ -24,7 +24,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hk
 class LoraDelta(Protocol):
     """What the model needs of LoRA: add each row's adapter delta at a projection (lora/batch.py)."""
 
-    def add(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> None: ...
+    def add(self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,7 @@ class LlamaAttention(nn.Module):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
         if lora is not None:
-            q_end, k_end = self.q_size, self.q_size + self.kv_size
-            lora.add(self.layer_index, "q_proj", x, qkv[:, :q_end])
-            lora.add(self.layer_index, "k_proj", x, qkv[:, q_end:k_end])
-            lora.add(self.layer_index, "v_proj", x, qkv[:, k_end:])
+            lora.add(self.layer_index, ("q_proj", "k_proj", "v_proj"), x, qkv)
         # Rotate the query and key heads in one go: [T, Hq + Hkv, D].
         qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -115,7 +112,7 @@ class LlamaAttention(nn.Module):
         attended = attended.reshape(num_tokens, self.q_size)
         out = self.o_proj(attended)
         if lora is not None:
-            lora.add(self.layer_index, "o_proj", attended, out)
+            lora.add(self.layer_index, ("o_proj",), attended, out)
         return out
 
 
@@ -129,14 +126,13 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         if lora is not None:
-            lora.add(self.layer_index, "gate_proj", x, gate)
-            lora.add(self.layer_index, "up_proj", x, up)
+            lora.add(self.layer_index, ("gate_proj", "up_proj"), x, gate_up)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         hidden = F.silu(gate) * up
         out = self.down_proj(hidden)
         if lora is not None:
-            lora.add(self.layer_index, "down_proj", hidden, out)
+            lora.add(self.layer_index, ("down_proj",), hidden, out)
         return out
 
 

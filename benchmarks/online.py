@@ -84,6 +84,12 @@ def run_servers(
     return results
 
 
+def _ratio(ours: float, theirs: float) -> str:
+    if theirs:
+        return f"{ours / theirs:.2f}x"
+    return "only loraserve meets the SLO" if ours else "neither meets the SLO"
+
+
 def _ms(values: tuple[float, ...]) -> str:
     return " / ".join("-" if math.isnan(v) else f"{v * 1e3:.0f}" for v in values)
 
@@ -99,7 +105,7 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
     lines = [
         "## Against the peers, online",
         "",
-        f"Command: `{reproduce_command('benchmarks.online')}`. Machine: {machine_description()}.",
+        f"Command: `{args.command}`. Machine: {machine_description()}.",
         "",
         f"{args.requests} requests per rate over {adapters}; {args.prompt_len} prompts, {args.output_len} new "
         f"tokens (EOS ignored, greedy), {arrivals} arrivals, streamed `/v1/completions`; both servers with "
@@ -118,7 +124,7 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
             lines.append(
                 f"| {label} | {r.rate:g} | {r.tokens_per_s:.1f} | {_ms(r.percentiles('ttft'))} | "
                 f"{_ms(r.percentiles('tpot'))} | {_ms(r.percentiles('itl'))} | {r.goodput:.2f} | "
-                f"{r.attainment:.0%} | {r.failures} |"
+                f"{r.attainment:.1%} | {r.failures} |"
             )
     lines += ["", f"Highest rate with at least {args.slo_attainment:.0%} of the requests within the SLO:", ""]
     for label, reports in results.items():
@@ -128,7 +134,7 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
     measured = {k: v for k, v in results.items() if not isinstance(v, str)}
     if LORASERVE.name in measured and VLLM.name in measured:
         ratios = [
-            f"{ours.rate:g}/s: {ours.goodput / theirs.goodput:.2f}x" if theirs.goodput else f"{ours.rate:g}/s: -"
+            f"{ours.rate:g}/s: " + _ratio(ours.goodput, theirs.goodput)
             for ours, theirs in zip(measured[LORASERVE.name], measured[VLLM.name], strict=True)
         ]
         lines += ["", f"loraserve's goodput divided by vLLM's, per rate: {', '.join(ratios)}."]
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapters", type=int, default=256, help="adapter-0..N-1; 0: base model only")
     parser.add_argument("--rule", choices=ADAPTER_RULES[:3], default="zipf")
     parser.add_argument("--zipf-alpha", type=float, default=1.0)
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0], help="requests/s")
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0], help="requests/s")
     parser.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of the gaps (1: Poisson)")
     parser.add_argument("--requests", type=int, default=48, help="per rate")
     parser.add_argument("--prompt-len", default="chat", help='"chat", N tokens, or uniform:LOW-HIGH')
@@ -160,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    # As typed: `loraserve bench online ...` passes argv, `python -m benchmarks.online ...` does not.
+    args.command = reproduce_command("benchmarks.online") if argv is None else " ".join([parser.prog, *argv])
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := [s for s in systems if s not in SYSTEMS or SYSTEMS[s] is SYSTEMS["transformers+peft"]]:
         parser.error(f"--systems: no server for {unknown}; choose from {LORASERVE.name}, {VLLM.name}")

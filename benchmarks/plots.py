@@ -71,7 +71,7 @@ def latency_cdfs(series: Mapping[str, Mapping[str, Sequence[float]]], path: Path
             data = sorted(v * 1e3 for v in values.get(metric, []))
             if data:
                 ax.step(data, [(i + 1) / len(data) for i in range(len(data))], where="post", label=label)
-        ax.set_xlabel(f"{metric} (ms)")
+        ax.set_xlabel(f"{metric.upper()} (ms)")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)

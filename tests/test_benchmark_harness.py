@@ -14,7 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "module",
-    ["benchmarks.bench_engine", "benchmarks.bench_lora", "benchmarks.bench_lora_ops", "benchmarks.bench_swapping"],
+    [
+        "benchmarks.bench_engine",
+        "benchmarks.bench_lora",
+        "benchmarks.bench_lora_ops",
+        "benchmarks.bench_swapping",
+        "benchmarks.profile_lora_step",
+    ],
 )
 def test_benchmark_smoke_run(module, tmp_path):
     args = [] if module.endswith("lora_ops") else ["--quick", "--output", str(tmp_path / "out.md")]
@@ -47,6 +53,22 @@ def test_offline_comparison_reports_every_system_and_checks_outputs(tmp_path):
     for workload in ("base", "lora-1", "lora-2"):
         assert f"- loraserve, {workload}: 3/3 identical" in report
     assert (tmp_path / "bench-offline-adapters.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_agreement_check_compares_float32_tokens_with_peft(tmp_path):
+    output = tmp_path / "benchmarks.md"
+    command = [
+        *(sys.executable, "-m", "benchmarks.offline", "--check", "--requests", "2", "--adapters", "2"),
+        *("--output-len", "3", "--systems", "loraserve,transformers+peft"),
+        *("--python", f"transformers+peft={sys.executable}", "--output", str(output)),
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = output.read_text()
+    assert "## Greedy outputs across systems, float32" in report
+    assert "- loraserve, lora-2: 2/2 identical" in report
+    assert not (tmp_path / "bench-offline-adapters.png").exists(), "the check draws no plot"
 
 
 @pytest.mark.slow

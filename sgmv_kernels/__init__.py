@@ -1,9 +1,11 @@
 """Punica-style multi-LoRA kernels: one launch applies LoRA to a batch whose rows use different adapters.
 
-`lora_shrink` / `lora_expand` are the one interface the model calls, and the only device
-branch: Triton kernels on CUDA, the fastest measured torch path on the CPU (cpu.py). `segments` selects the
-SGMV form (rows grouped by adapter, prefill); `row_slots` the BGMV form (decode).
-Adapter weights are rows in one flat pool, found through per-slot row tables (layout.py).
+`lora_shrink` / `lora_expand` read adapter rows where the pool keeps them: Triton kernels
+on CUDA (what the engine runs there), torch paths on the CPU. `segments` selects the SGMV
+form (rows grouped by adapter, prefill); `row_slots` the BGMV form (decode). Adapter weights
+are rows in one flat pool, found through per-slot row tables (layout.py). The engine's CPU
+path is `cpu.grouped_lora` instead, over dense stacks of the running adapters that it
+reuses across steps (see cpu.py for why).
 This package imports nothing from loraserve.
 """
 

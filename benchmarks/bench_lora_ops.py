@@ -6,8 +6,9 @@ Candidates: the per-segment loop (the SGMV reference), gather + bmm (sgmv_kernel
 each row's A and B gathered up to the batch's largest rank), a loop over distinct
 adapters (rows of an adapter gathered together), and rows regrouped by adapter over
 dense float32 stacks of the distinct adapters (`grouped_lora`), with the stacks gathered
-in the call or reused (as the engine reuses them while the same adapters run). Prints
-microseconds per shrink + expand, median of 30 calls.
+in the call or reused (as that fallback reuses them while the same adapters run), and the
+compiled kernel the engine runs (native.py). Prints microseconds per shrink + expand,
+median of 30 calls.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from functools import partial
 
 import torch
 
+from loraserve.config import default_cache_dir
 from sgmv_kernels import PooledLora, gather_rows, pool_from_dense, sgmv_expand_reference, sgmv_shrink_reference
 from sgmv_kernels.cpu import RowGroups, bgmv_expand_gathered, bgmv_shrink_gathered, grouped_lora
+from sgmv_kernels.native import LoraKernel, ProjectionGroup, RowChunks, load_kernel
 
 
 def per_segment_loop(x, w: PooledLora, indptr, slots, out):
@@ -61,6 +64,14 @@ def grouped(x, w: PooledLora, row_slots, out, stacks=None):
     grouped_lora(x, a, [b], scales, groups, out)
 
 
+def compiled(kernel: LoraKernel, x, w: PooledLora, lengths, slots, out):
+    group = ProjectionGroup(
+        w.pool, w.a_rows[None], w.b_rows[None], w.ranks[None], w.scales[None], torch.tensor([out.shape[1]]),
+        in_features=x.shape[1], out_features=out.shape[1],
+    )  # fmt: skip
+    kernel.add(x, group, RowChunks.of_segments(lengths, slots), out)
+
+
 def timed(fn, repeats: int = 30) -> float:
     fn()
     samples = []
@@ -73,6 +84,7 @@ def timed(fn, repeats: int = 30) -> float:
 
 def main() -> None:
     torch.manual_seed(0)
+    kernel = load_kernel(default_cache_dir() / "kernels")
     h_in, h_out, num_slots, max_rank = 576, 1536, 32, 16
     for dtype in (torch.float32, torch.bfloat16):
         ranks = torch.tensor([8, 16] * (num_slots // 2), dtype=torch.int32)
@@ -90,6 +102,9 @@ def main() -> None:
             indptr = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
             seg_slots = row_slots[indptr[:-1].long()]
             results = {
+                "compiled kernel": timed(partial(compiled, kernel, x, pooled, lengths, seg_slots.tolist(), out))
+                if kernel
+                else float("nan"),
                 "per-segment loop": timed(partial(per_segment_loop, x, pooled, indptr, seg_slots, out)),
                 "gather + bmm": timed(partial(gather_bmm, x, pooled, row_slots, out)),
                 "per-adapter loop": timed(partial(per_adapter_loop, x, pooled, row_slots, out)),

@@ -4,8 +4,9 @@
 on CUDA (what the engine runs there), torch paths on the CPU. `segments` selects the SGMV
 form (rows grouped by adapter, prefill); `row_slots` the BGMV form (decode). Adapter weights
 are rows in one flat pool, found through per-slot row tables (layout.py). The engine's CPU
-path is `cpu.grouped_lora` instead, over dense stacks of the running adapters that it
-reuses across steps (see cpu.py for why).
+path is the compiled kernel of native.py (one call per group of projections that share an
+input), and where no compiler is found `cpu.grouped_lora` over dense stacks of the running
+adapters that it reuses across steps (see cpu.py).
 This package imports nothing from loraserve.
 """
 

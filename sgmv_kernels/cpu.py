@@ -3,7 +3,8 @@
 - `bgmv_*_gathered`: each row's A and B gathered out of the pool up to the batch's largest
   rank, then two bmm calls. What `lora_shrink`/`lora_expand` run for decode rows on the CPU.
 - `grouped_lora`: rows regrouped by adapter and two bmm calls over dense stacks of the
-  step's distinct adapters. The engine's CPU path: it gathers the stacks once and reuses
+  step's distinct adapters. The engine's CPU path where the compiled kernel (native.py)
+  cannot be built: it gathers the stacks once and reuses
   them for as long as the same adapters run (loraserve/lora/stacked.py), so a decode step
   copies no weights at all, where the gathered form copies every row's A and B at every
   projection of every step.

@@ -32,7 +32,9 @@ class LLMEngine:
         self.loaded = loaded or load_model(config.model)
         model_window = self.loaded.model.spec.max_positions
         self.max_model_len = min(config.scheduler.max_model_len or model_window, model_window)
-        self.model_runner = ModelRunner(self.loaded, config.cache, config.lora, seed=config.seed)
+        self.model_runner = ModelRunner(
+            self.loaded, config.cache, config.lora, seed=config.seed, cache_dir=config.model.cache_dir
+        )
         self.block_manager = BlockManager(self.model_runner.pool.pages, config.cache.block_size)
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)

@@ -2,13 +2,14 @@
 
 Token layout of a step (T tokens): the decodes' single tokens first, then each prefill
 chunk's tokens in order. Example with block_size 4: a decode at position 9 of table
-[7, 2, 5] writes slot 5 * 4 + 1 = 21; a chunk of positions 0..5 of table [3, 8] writes
-slots 12, 13, 14, 15, 32, 33.
+[7, 2, 5] writes block 5 at offset 1; a chunk of positions 0..5 of table [3, 8] writes
+blocks 3, 3, 3, 3, 8, 8 at offsets 0, 1, 2, 3, 0, 1.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from loraserve.lora.memory_pool import MemoryPool, pool_pages
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata
+from sgmv_kernels.native import load_kernel
 
 
 @dataclass
@@ -37,7 +39,9 @@ class ModelInputs:
 class ModelRunner:
     """Owns the model, the memory pool (KV blocks and adapter weights), the adapter slots and the sampler."""
 
-    def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, lora_config: LoraConfig, seed: int) -> None:
+    def __init__(
+        self, loaded: LoadedModel, cache_config: CacheConfig, lora_config: LoraConfig, seed: int, cache_dir: Path
+    ) -> None:
         self.model = loaded.model
         self.device = loaded.device
         self.dtype = loaded.dtype
@@ -47,6 +51,7 @@ class ModelRunner:
         self.pool = MemoryPool(spec, self.block_size, num_pages, self.dtype, self.device)
         self.sampler = Sampler(seed, self.device)
         self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
+        self.cpu_lora_kernel = load_kernel(cache_dir / "kernels") if self.device == "cpu" else None
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
@@ -61,14 +66,16 @@ class ModelRunner:
     def prepare_inputs(self, batch: ScheduledBatch) -> ModelInputs:
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        blocks: list[int] = []
+        offsets: list[int] = []
         logits_index: list[int] = []
         bs = self.block_size
         for item in batch.decodes:
             seq, position = item.seq, item.start
             input_ids.append(seq.token_ids[position])
             positions.append(position)
-            slots.append(seq.block_table[position // bs] * bs + position % bs)
+            blocks.append(seq.block_table[position // bs])
+            offsets.append(position % bs)
             logits_index.extend([len(input_ids) - 1] * len(item.samplers))
         for item in batch.prefills:
             seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
@@ -76,7 +83,8 @@ class ModelRunner:
             table = np.asarray(seq.block_table)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(chunk_positions.tolist())
-            slots.extend((table[chunk_positions // bs] * bs + chunk_positions % bs).tolist())
+            blocks.extend(table[chunk_positions // bs].tolist())
+            offsets.extend((chunk_positions % bs).tolist())
             logits_index.extend([len(input_ids) - 1] * len(item.samplers))
         scheduled = batch.scheduled
         lora = LoraBatch.build(
@@ -84,6 +92,7 @@ class ModelRunner:
             lengths=[item.num_new_tokens for item in scheduled],
             slot_ids=[self._slot_of(item.seq.request.adapter) for item in scheduled],
             device=self.device,
+            cpu_kernel=self.cpu_lora_kernel,
         )
         groups = []
         if batch.decodes:
@@ -95,7 +104,9 @@ class ModelRunner:
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
             attention=AttentionMetadata(
-                slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), groups=groups
+                slot_blocks=torch.tensor(blocks, dtype=torch.long, device=device),
+                slot_offsets=torch.tensor(offsets, dtype=torch.long, device=device),
+                groups=groups,
             ),
             logits_index=torch.tensor(logits_index, dtype=torch.long, device=device),
             lora=lora,

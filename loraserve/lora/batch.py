@@ -10,6 +10,7 @@ from loraserve.lora.slots import AdapterSlots
 from loraserve.lora.stacked import StackedLora
 from sgmv_kernels import PooledLora, lora_expand, lora_shrink
 from sgmv_kernels.cpu import RowGroups, grouped_lora
+from sgmv_kernels.native import LoraKernel, RowChunks
 
 NO_ADAPTER = -1
 
@@ -28,11 +29,20 @@ class LoraBatch:
     seg_slots: torch.Tensor  # [num_segments] int32, NO_ADAPTER for base-model rows
     row_slots: torch.Tensor | None  # [T] int32 when every segment is one row (decode: BGMV)
     max_segment_len: int  # sizes the SGMV grid without reading seg_indptr back from the device
-    # On the CPU: rows regrouped by adapter and the distinct adapters' dense weights (grouped_lora).
+    # On the CPU, the compiled kernel and the rows sorted by slot (native.py); without a
+    # compiler, the torch path: rows regrouped by adapter and dense weights (grouped_lora).
+    native: tuple[LoraKernel, RowChunks] | None = None
     grouped: tuple[RowGroups, StackedLora] | None = None
 
     @classmethod
-    def build(cls, slots: AdapterSlots, lengths: list[int], slot_ids: list[int], device: str) -> LoraBatch | None:
+    def build(
+        cls,
+        slots: AdapterSlots,
+        lengths: list[int],
+        slot_ids: list[int],
+        device: str,
+        cpu_kernel: LoraKernel | None = None,
+    ) -> LoraBatch | None:
         """None when no row of the step uses an adapter: the model then skips LoRA entirely."""
         if all(slot == NO_ADAPTER for slot in slot_ids):
             return None
@@ -40,8 +50,10 @@ class LoraBatch:
         for length in lengths:
             offsets.append(offsets[-1] + length)
         seg_slots = torch.tensor(slot_ids, dtype=torch.int32, device=device)
-        grouped = None
-        if device == "cpu":
+        native = grouped = None
+        if device == "cpu" and cpu_kernel is not None and cpu_kernel.supports(slots.pool.dtype):
+            native = cpu_kernel, RowChunks.of_segments(lengths, slot_ids)
+        elif device == "cpu":
             distinct = sorted(set(slot_ids) - {NO_ADAPTER})
             group_of = {slot: group for group, slot in enumerate(distinct)}
             groups = RowGroups.of_segments(lengths, [group_of.get(slot, NO_ADAPTER) for slot in slot_ids], device)
@@ -52,12 +64,17 @@ class LoraBatch:
             seg_slots=seg_slots,
             row_slots=seg_slots if all(length == 1 for length in lengths) else None,
             max_segment_len=max(lengths),
+            native=native,
             grouped=grouped,
         )
 
     def add(self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, widths] += LoRA(x [T, in_features]) with each row's adapter, in place. `projections`
         share the input x and their outputs lie side by side in `out` (q/k/v, gate/up), or it is one."""
+        if self.native is not None:
+            kernel, rows = self.native
+            kernel.add(x, self.slots.projection_group(layer, projections), rows, out)
+            return
         layer_lora = self.slots.layers[layer]
         if self.grouped is not None:
             groups, stacked = self.grouped

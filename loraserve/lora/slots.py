@@ -24,6 +24,7 @@ from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.stacked import StackedLora
 from loraserve.models.llama import LlamaSpec
 from sgmv_kernels import PooledLora
+from sgmv_kernels.native import ProjectionGroup
 
 LayerLora = dict[str, PooledLora]  # projection name -> its weights in every slot
 
@@ -112,6 +113,7 @@ class AdapterSlots:
         # Bumped whenever a slot gets new contents: dense stacks of slots are keyed on it.
         self._generations = [0] * num_slots
         self._stacked: StackedLora | None = None
+        self._groups: dict[tuple[int, tuple[str, ...]], ProjectionGroup] = {}
 
     def stacked(self, slots: list[int]) -> StackedLora:
         """Dense stacks of these slots' weights (the CPU path), reused while the same adapters run."""
@@ -119,6 +121,27 @@ class AdapterSlots:
         if self._stacked is None or self._stacked.key != key:
             self._stacked = StackedLora.build(key, self.ranks, self.scales, self.shapes)
         return self._stacked
+
+    def projection_group(self, layer: int, projections: tuple[str, ...]) -> ProjectionGroup:
+        """The tables of projections that share an input (consecutive in PROJECTIONS), as views."""
+        group = self._groups.get((layer, projections))
+        if group is None:
+            first = PROJECTIONS.index(projections[0])
+            chosen = slice(first, first + len(projections))
+            assert PROJECTIONS[chosen] == projections, f"not consecutive projections: {projections}"
+            widths = [self.shapes[p][1] for p in projections]
+            group = ProjectionGroup(
+                pool=self.pool.buffer,
+                a_rows=self.a_rows[layer, chosen],
+                b_rows=self.b_rows[layer, chosen],
+                ranks=self.ranks[layer, chosen],
+                scales=self.scales[layer, chosen],
+                widths=torch.tensor(widths, dtype=torch.int64),
+                in_features=self.shapes[projections[0]][0],
+                out_features=sum(widths),
+            )
+            self._groups[(layer, projections)] = group
+        return group
 
     @property
     def names(self) -> list[str]:

@@ -1,4 +1,7 @@
-"""Dense copies of the running adapters' weights for the CPU path, reused across steps.
+"""Dense copies of the running adapters' weights for the CPU's torch path, reused across steps.
+
+(The compiled kernel, sgmv_kernels/native.py, reads the pool directly and needs none of
+this; the torch path runs where no C++ compiler is found.)
 
 The pool keeps adapter rows wherever pages were free; the CPU path (sgmv_kernels.cpu.
 grouped_lora) wants the weights of the step's D distinct adapters as dense stacks, per

@@ -1,8 +1,8 @@
 """Attention over the paged KV cache, in torch (the CPU path; CUDA uses the same code today).
 
 The KV cache of one layer is two tensors `[num_blocks, block_size, num_kv_heads, head_dim]`.
-A token at position p of a sequence lives in slot `block_table[p // block_size] * block_size
-+ p % block_size`. Each step writes the new tokens' K and V into their slots, then every
+A token at position p of a sequence lives in block `block_table[p // block_size]` at offset
+`p % block_size`. Each step writes the new tokens' K and V into their slots, then every
 row attends over its whole context gathered block by block from its block table.
 
 The rows of a step form at most two groups, each computed as one padded batch: the
@@ -37,7 +37,8 @@ class AttentionGroup:
 class AttentionMetadata:
     """Per-step attention inputs, built by the model runner once per step."""
 
-    slot_mapping: torch.Tensor  # [T] int64 flat KV slot of each token of the step
+    slot_blocks: torch.Tensor  # [T] int64 the block each token of the step writes its K and V to
+    slot_offsets: torch.Tensor  # [T] int64 and its position in that block
     groups: list[AttentionGroup]
 
 
@@ -45,7 +46,7 @@ def paged_attention(
     q: torch.Tensor,  # [T, Hq, D]
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], blocks need not be adjacent
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     metadata: AttentionMetadata,
     scale: float,
@@ -53,8 +54,9 @@ def paged_attention(
     """Store this step's K/V in the cache, then attend each row over its cached context."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, metadata.slot_mapping, v)
+    slots = (metadata.slot_blocks, metadata.slot_offsets)
+    k_cache.index_put_(slots, k)
+    v_cache.index_put_(slots, v)
     outputs = []
     for group in metadata.groups:
         num_rows, max_blocks = group.block_tables.shape

@@ -48,7 +48,7 @@ def test_rows_land_in_the_reserved_pages_and_unloading_returns_them():
     reserved = slots.pages_held("a")
     q = slots.layers[0]["q_proj"]
     rows = q.a_rows[slots.slot_of("a"), :2]
-    pages_of_rows = {(int(offset) // pool.slab_elems) % pool.num_pages for offset in rows}  # slab -> its page
+    pages_of_rows = {pool.page_of(int(offset)) for offset in rows}
     assert pages_of_rows <= set(reserved), "the table points into the adapter's own pages"
     torch.testing.assert_close(gather_rows(q.pool, rows, 8), tiny_adapter(3).weights[(0, "q_proj")].a)
     manager.release("a")

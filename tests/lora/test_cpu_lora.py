@@ -1,5 +1,6 @@
-"""The CPU path: rows regrouped by adapter over dense stacks of the step's adapters equal plain math,
-for fused projections, mixed ranks and targets, rows without an adapter, and a slot reused."""
+"""The two CPU paths equal plain math - the compiled kernel over the pool (native.py) and, without a
+compiler, rows regrouped by adapter over dense stacks of the step's adapters (grouped_lora) - for
+fused projections, mixed ranks and targets, rows without an adapter, and a slot reused."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from loraserve.lora.batch import NO_ADAPTER, LoraBatch
 from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.slots import AdapterSlots
 from sgmv_kernels.cpu import RowGroups
+from sgmv_kernels.native import LoraKernel, load_kernel
 from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, TINY_SPEC
 
 SHAPES = projection_shapes(TINY_SPEC)
@@ -57,6 +59,15 @@ def expected(x, out, adapters_by_row, layer, projections):
     return result
 
 
+@pytest.fixture(scope="module", params=["native", "torch"])
+def cpu_kernel(request, tmp_path_factory) -> LoraKernel | None:
+    if request.param == "torch":
+        return None
+    kernel = load_kernel(tmp_path_factory.mktemp("kernels"))
+    assert kernel is not None
+    return kernel
+
+
 @pytest.fixture
 def slots_and_adapters():
     pool = MemoryPool(TINY_SPEC, TINY_BLOCK_SIZE, 256, torch.float32, "cpu")
@@ -80,11 +91,11 @@ def slots_and_adapters():
     ],
 )
 @pytest.mark.parametrize(("layer", "projections"), [(0, QKV), (1, ("gate_proj", "up_proj")), (1, ("down_proj",))])
-def test_grouped_path_equals_plain_math(slots_and_adapters, lengths, names, layer, projections):
+def test_cpu_paths_equal_plain_math(slots_and_adapters, cpu_kernel, lengths, names, layer, projections):
     slots, adapters, slot_of = slots_and_adapters
     slot_ids = [slot_of[n] if n else NO_ADAPTER for n in names]
-    batch = LoraBatch.build(slots, lengths, slot_ids, "cpu")
-    assert batch is not None and batch.grouped is not None
+    batch = LoraBatch.build(slots, lengths, slot_ids, "cpu", cpu_kernel)
+    assert batch is not None and (batch.native is not None) == (cpu_kernel is not None)
     rows = [adapters[n] if n else None for n, length in zip(names, lengths, strict=True) for _ in range(length)]
     generator = torch.Generator().manual_seed(7)
     x = torch.randn(sum(lengths), SHAPES[projections[0]][0], generator=generator)
@@ -94,20 +105,20 @@ def test_grouped_path_equals_plain_math(slots_and_adapters, lengths, names, laye
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     # The other path (the kernels' torch references, the GPU path's semantics) adds the same delta.
     delta = torch.zeros_like(out)
-    dataclasses.replace(batch, grouped=None).add(layer, projections, x, delta)
+    dataclasses.replace(batch, native=None, grouped=None).add(layer, projections, x, delta)
     zero_based = expected(x, torch.zeros_like(out), rows, layer, projections)
     torch.testing.assert_close(delta, zero_based, atol=1e-5, rtol=1e-5)
 
 
-def test_a_reused_slot_gets_fresh_stacks(slots_and_adapters):
+def test_a_reused_slot_gets_the_new_weights(slots_and_adapters, cpu_kernel):
     slots, _, slot_of = slots_and_adapters
     x, out = torch.ones(2, 8), torch.zeros(2, 16)
-    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, "cpu").add(0, QKV, x, out)
+    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, "cpu", cpu_kernel).add(0, QKV, x, out)
     slots.unload("all-r8")
     replacement = adapter(9, 8, QKV, 1.0)
     assert load(slots, "replacement", replacement) == slot_of["all-r8"]
     out = torch.zeros(2, 16)
-    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, "cpu").add(0, QKV, x, out)
+    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, "cpu", cpu_kernel).add(0, QKV, x, out)
     torch.testing.assert_close(out, expected(x, torch.zeros(2, 16), [replacement] * 2, 0, QKV), atol=1e-5, rtol=1e-5)
 
 

@@ -1,0 +1,261 @@
+// Multi-LoRA on the CPU: out += LoRA(x) with each row's own adapter, weights read in the pool.
+//
+// The semantics of the Triton kernels (shrink.py, expand.py), for a group of projections
+// that share the input x and whose outputs lie side by side in `out` (q/k/v, gate/up; o and
+// down alone):
+//
+//     for each adapted row t with slot w, and each projection j of the group:
+//         y = x[t] @ A_j[w]^T                                  (rank ranks[j][w], float32)
+//         out[t, columns of j] += (y @ B_j[w]^T) * scales[j][w]
+//
+// A's rows and B^T's rows are read where the pool keeps them (row tables, layout.py), at each
+// adapter's true rank. Rows arrive sorted by slot and cut into chunks of at most kChunkRows
+// rows of one slot: a chunk reads its adapter's rows once for all of its rows, so a decode
+// step streams each running adapter's weights once. Chunks are shared out over the OpenMP
+// threads (the libgomp team torch uses). Math in float32; each output element is rounded
+// once, as torch's out.add_(float32 delta) rounds it.
+//
+// Built by native.py with the host compiler (-O3 -march=native), no torch headers.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kChunkRows = 8;
+constexpr int kLanes = 16;
+  // floats per vector: one AVX-512 register, two AVX2 ones
+
+struct BFloat16 {
+    uint16_t bits;
+};
+
+// GCC/Clang vector extensions: the compiler maps them onto the ISA -march=native gives.
+typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+inline float load(float value) { return value; }
+inline void store(float* target, float value) { *target = value; }
+
+inline float load(BFloat16 value) {
+    uint32_t bits = uint32_t(value.bits) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// Round to nearest even, NaN to the canonical quiet NaN: what c10::BFloat16 does.
+inline void store(BFloat16* target, float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        target->bits = 0x7fc0;
+        return;
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    target->bits = uint16_t(bits >> 16);
+}
+
+inline Floats load_vector(const float* source) {
+    Floats v;
+    std::memcpy(&v, source, sizeof v);
+    return v;
+}
+
+inline Floats load_vector(const BFloat16* source) {
+    Halves halves;
+    std::memcpy(&halves, source, sizeof halves);
+    Words words = __builtin_convertvector(halves, Words) << 16;
+    Floats v;
+    std::memcpy(&v, &words, sizeof v);
+    return v;
+}
+
+inline void store_vector(float* target, Floats v) { std::memcpy(target, &v, sizeof v); }
+
+// store() for a vector: round to nearest even, NaN to the canonical quiet NaN.
+inline void store_vector(BFloat16* target, Floats v) {
+    Words bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    const Words rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const Words is_nan = (bits & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
+    const Halves halves = __builtin_convertvector((rounded & ~is_nan) | (0x7fc0u & is_nan), Halves);
+    std::memcpy(target, &halves, sizeof halves);
+}
+
+// A row of T to float32 (and the same back, adding): vectors, then the tail one by one.
+template <typename T>
+inline void load_row(const T* source, int64_t length, float* target) {
+    int64_t h = 0;
+    for (; h + kLanes <= length; h += kLanes) store_vector(target + h, load_vector(source + h));
+    for (; h < length; h++) target[h] = load(source[h]);
+}
+
+typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float Floats4 __attribute__((vector_size(4 * sizeof(float))));
+
+// Halves added in registers (a loop over lanes through memory stalls on store forwarding).
+inline float lanes_sum(Floats v) {
+    Floats8 halves[2];
+    std::memcpy(halves, &v, sizeof v);
+    const Floats8 eights = halves[0] + halves[1];
+    Floats4 quarters[2];
+    std::memcpy(quarters, &eights, sizeof eights);
+    const Floats4 fours = quarters[0] + quarters[1];
+    return (fours[0] + fours[2]) + (fours[1] + fours[3]);
+}
+
+// Ask for every cache line of [start, start + bytes) ahead of its use.
+inline void prefetch_lines(const void* start, int64_t bytes) {
+    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
+}
+
+// Independent sums to keep in flight: an FMA waits ~4 cycles for the previous one into the
+// same register, and two FMA units want ~8 chains busy. Fewer rows, more chains per row.
+template <int ROWS>
+constexpr int chains_per_row() {
+    return ROWS >= 8 ? 1 : 8 / ROWS;
+}
+
+// y[i * max_rank + k] = xs[i] . A[k] for the chunk's ROWS rows (xs: float32, in_features apart).
+template <int ROWS, typename T>
+void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* a_rows, int rank, float* y,
+            int64_t max_rank) {
+    constexpr int kChains = chains_per_row<ROWS>();
+    const int64_t unrolled = in_features / (kLanes * kChains) * (kLanes * kChains);
+    const int64_t vectorized = in_features / kLanes * kLanes;
+    for (int k = 0; k < rank; k++) {
+        const T* a = pool + a_rows[k];
+        // While this row is read, fetch the next one, a line at a time.
+        const char* ahead = reinterpret_cast<const char*>(pool + a_rows[k + 1 < rank ? k + 1 : k]);
+        Floats sums[ROWS][kChains] = {};
+        int64_t h = 0;
+        for (; h < unrolled; h += kLanes * kChains) {
+            prefetch_lines(ahead + h * sizeof(T), kLanes * kChains * sizeof(T));
+            for (int chain = 0; chain < kChains; chain++) {
+                const Floats weights = load_vector(a + h + chain * kLanes);
+                for (int i = 0; i < ROWS; i++)
+                    sums[i][chain] += load_vector(xs + i * in_features + h + chain * kLanes) * weights;
+            }
+        }
+        for (; h < vectorized; h += kLanes) {
+            const Floats weights = load_vector(a + h);
+            for (int i = 0; i < ROWS; i++) sums[i][0] += load_vector(xs + i * in_features + h) * weights;
+        }
+        for (int i = 0; i < ROWS; i++) {
+            for (int chain = 1; chain < kChains; chain++) sums[i][0] += sums[i][chain];
+            float sum = lanes_sum(sums[i][0]);
+            for (int64_t tail = vectorized; tail < in_features; tail++)
+                sum += xs[i * in_features + tail] * load(a[tail]);
+            y[i * max_rank + k] = sum;
+        }
+    }
+}
+
+
+// out[i][o .. o + VECTORS * kLanes) += scale * (y[i] @ B^T) for the chunk's ROWS rows: the
+// ROWS x VECTORS partial sums stay in registers while B's rows stream past.
+template <int ROWS, int VECTORS, typename T>
+inline void expand_block(const float* y, int64_t max_rank, const T* pool, const int64_t* b_rows, int rank,
+                         float scale, T* const* targets, int64_t o) {
+    Floats sums[ROWS][VECTORS] = {};
+    for (int k = 0; k < rank; k++) {
+        const T* b = pool + b_rows[k] + o;
+        prefetch_lines(b + 256 / sizeof(T), VECTORS * kLanes * sizeof(T));
+        Floats weights[VECTORS];
+        for (int v = 0; v < VECTORS; v++) weights[v] = load_vector(b + v * kLanes);
+        for (int i = 0; i < ROWS; i++) {
+            const float factor = y[i * max_rank + k];
+            for (int v = 0; v < VECTORS; v++) sums[i][v] += factor * weights[v];
+        }
+    }
+    for (int i = 0; i < ROWS; i++)
+        for (int v = 0; v < VECTORS; v++) {
+            T* target = targets[i] + o + v * kLanes;
+            store_vector(target, load_vector(target) + sums[i][v] * scale);
+        }
+}
+
+template <int ROWS, typename T>
+void expand(const float* y, int64_t max_rank, const T* pool, const int64_t* b_rows, int rank, float scale,
+            T* const* targets, int64_t width) {
+    constexpr int kVectors = chains_per_row<ROWS>() > 2 ? chains_per_row<ROWS>() : 2;
+    int64_t o = 0;
+    for (; o + kVectors * kLanes <= width; o += kVectors * kLanes)
+        expand_block<ROWS, kVectors>(y, max_rank, pool, b_rows, rank, scale, targets, o);
+    for (; o + kLanes <= width; o += kLanes)
+        expand_block<ROWS, 1>(y, max_rank, pool, b_rows, rank, scale, targets, o);
+    for (; o < width; o++)  // the last few columns, one at a time
+        for (int i = 0; i < ROWS; i++) {
+            float sum = 0.0f;
+            for (int k = 0; k < rank; k++) sum += y[i * max_rank + k] * load(pool[b_rows[k] + o]);
+            store(targets[i] + o, load(targets[i][o]) + sum * scale);
+        }
+}
+
+// One chunk (ROWS rows of one slot) through every projection of the group.
+template <int ROWS, typename T>
+void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, const int64_t* a_rows,
+           const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
+           const int64_t* widths, int64_t num_projections, const int64_t* rows, int32_t slot, T* out,
+           int64_t out_stride, float* xs, float* y) {
+    for (int i = 0; i < ROWS; i++) load_row(x + rows[i] * x_stride, in_features, xs + i * in_features);
+    T* targets[ROWS];
+    for (int i = 0; i < ROWS; i++) targets[i] = out + rows[i] * out_stride;
+    for (int64_t j = 0; j < num_projections; j++) {
+        const int64_t table = j * num_slots + slot;
+        const int rank = ranks[table];
+        if (rank > 0) {
+            shrink<ROWS>(xs, in_features, pool, a_rows + table * max_rank, rank, y, max_rank);
+            expand<ROWS>(y, max_rank, pool, b_rows + table * max_rank, rank, scales[table], targets, widths[j]);
+        }
+        for (int i = 0; i < ROWS; i++) targets[i] += widths[j];
+    }
+}
+
+// Shapes: x rows x_stride apart (in_features used); out rows out_stride apart; a_rows, b_rows
+// [projections, slots, max_rank] element offsets into pool; ranks, scales [projections, slots];
+// widths [projections] output columns of each projection; order [N] the adapted rows sorted by
+// slot; chunks [num_chunks, 3] (first, end, slot) into order.
+template <typename T>
+void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, const int64_t* a_rows,
+              const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
+              const int64_t* widths, int64_t num_projections, const int64_t* order, const int32_t* chunks,
+              int64_t num_chunks, T* out, int64_t out_stride, int num_threads) {
+#pragma omp parallel num_threads(num_threads)
+    {
+        std::vector<float> xs(kChunkRows * in_features), y(kChunkRows * max_rank);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < num_chunks; c++) {
+            const int32_t first = chunks[3 * c], rows = chunks[3 * c + 1] - first, slot = chunks[3 * c + 2];
+            // One instance per row count: the per-row partial sums then live in registers.
+            switch (rows) {
+#define LORA_CHUNK(ROWS)                                                                                          \
+    case ROWS:                                                                                                    \
+        chunk<ROWS>(x, x_stride, in_features, pool, a_rows, b_rows, ranks, scales, num_slots, max_rank, widths, \
+                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data());                 \
+        break;
+                LORA_CHUNK(1) LORA_CHUNK(2) LORA_CHUNK(3) LORA_CHUNK(4)
+                LORA_CHUNK(5) LORA_CHUNK(6) LORA_CHUNK(7) LORA_CHUNK(8)
+#undef LORA_CHUNK
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define LORA_ADD_ARGUMENTS(T)                                                                                 \
+    const T *x, int64_t x_stride, int64_t in_features, const T *pool, const int64_t *a_rows,                 \
+        const int64_t *b_rows, const int32_t *ranks, const float *scales, int64_t num_slots, int64_t max_rank, \
+        const int64_t *widths, int64_t num_projections, const int64_t *order, const int32_t *chunks,          \
+        int64_t num_chunks, T *out, int64_t out_stride, int num_threads
+#define LORA_ADD_CALL                                                                                      \
+    lora_add(x, x_stride, in_features, pool, a_rows, b_rows, ranks, scales, num_slots, max_rank, widths, \
+             num_projections, order, chunks, num_chunks, out, out_stride, num_threads)
+
+extern "C" {
+void lora_add_float32(LORA_ADD_ARGUMENTS(float)) { LORA_ADD_CALL; }
+void lora_add_bfloat16(LORA_ADD_ARGUMENTS(BFloat16)) { LORA_ADD_CALL; }
+}

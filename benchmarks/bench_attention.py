@@ -60,7 +60,9 @@ def main() -> None:
                 reference = microseconds(lambda inputs=inputs: sdpa(*inputs), repeats)
                 ours = microseconds(lambda inputs=inputs: decode_attention(*inputs), repeats)
                 name = str(dtype).removeprefix("torch.")
-                rows.append(f"| {name} | {batch} | {context} | {reference:.0f} | {ours:.0f} | {reference / ours:.1f}x |")
+                rows.append(
+                    f"| {name} | {batch} | {context} | {reference:.0f} | {ours:.0f} | {reference / ours:.1f}x |"
+                )
                 print(rows[-1], flush=True)
     if args.quick:
         return

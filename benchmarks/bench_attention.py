@@ -1,11 +1,13 @@
-"""Decode attention (one query token per row over the paged context): SDPA against the two
-batched matmuls of `decode_attention`, at SmolLM2's heads (9 query, 3 KV, dim 64).
+"""Decode attention (one query token per row over the paged context): SDPA, the two batched
+matmuls of `decode_attention` and the compiled kernel (cpu_attention.py), at SmolLM2's heads
+(9 query, 3 KV, dim 64).
 
     python -m benchmarks.bench_attention            # a section of docs/benchmarks.md
     python -m benchmarks.bench_attention --quick    # a smoke run; nothing written
 
-Both get the step's gathered blocks as the engine holds them ([B, L, Hkv, D]); SDPA also
-pays the transposes to [B, Hkv, L, D] it needs. Microseconds per layer call, median of 30.
+All start from one layer of a paged cache with each row's blocks scattered: the torch paths
+gather the blocks first (as attention.py does), SDPA also pays the transposes it needs, the
+kernel reads the blocks where they lie. Microseconds per layer call, median of 30.
 """
 
 from __future__ import annotations
@@ -19,16 +21,28 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from loraserve.config import default_cache_dir
 from loraserve.models.attention import decode_attention
+from loraserve.models.cpu_attention import load_decode_kernel
 
 SECTION = "decode-attention"
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 
 
-def sdpa(queries, keys, values, bias, scale):
+def gathered(cache, tables):
+    rows, blocks = tables.shape
+    return cache.index_select(0, tables.view(-1)).view(rows, blocks * BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+
+
+def sdpa(queries, k_cache, v_cache, tables, bias, scale):
+    keys, values = gathered(k_cache, tables).transpose(1, 2), gathered(v_cache, tables).transpose(1, 2)
     return F.scaled_dot_product_attention(
-        queries.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=bias, scale=scale, enable_gqa=True
+        queries.unsqueeze(2), keys, values, attn_mask=bias, scale=scale, enable_gqa=True
     ).squeeze(2)
+
+
+def matmuls(queries, k_cache, v_cache, tables, bias, scale):
+    return decode_attention(queries, gathered(k_cache, tables), gathered(v_cache, tables), bias, scale)
 
 
 def microseconds(fn: Callable[[], object], repeats: int) -> float:
@@ -46,34 +60,49 @@ def main() -> None:
     add_report_flags(parser)
     args = parser.parse_args()
     batches, contexts, repeats = ((4,), (64,), 3) if args.quick else ((1, 8, 32, 64), (128, 512, 2048), 30)
-    rows = ["| dtype | batch | context | SDPA (us) | two matmuls (us) | speed-up |", "|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| dtype | batch | context | SDPA (us) | two matmuls (us) | compiled kernel (us) | kernel vs SDPA |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     scale = HEAD_DIM**-0.5
+    kernel = load_decode_kernel(default_cache_dir() / "kernels")
     for dtype in (torch.bfloat16, torch.float32):
         for batch in batches:
             for context in contexts:
+                blocks = context // BLOCK_SIZE
+                k_cache, v_cache = (
+                    torch.randn(4 * batch * blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM).to(dtype) for _ in range(2)
+                )
+                tables = torch.randperm(4 * batch * blocks)[: batch * blocks].view(batch, blocks)
                 queries = torch.randn(batch, NUM_HEADS, HEAD_DIM).to(dtype)
-                keys = torch.randn(batch, context, NUM_KV_HEADS, HEAD_DIM).to(dtype)
-                values = torch.randn(batch, context, NUM_KV_HEADS, HEAD_DIM).to(dtype)
                 bias = torch.zeros(batch, 1, 1, context, dtype=dtype)
-                bias[..., context - context // 8 :] = float("-inf")  # the last block's padding
-                inputs = (queries, keys, values, bias, scale)
+                bias[..., context - BLOCK_SIZE // 2 :] = float("-inf")  # the last block half filled
+                lens = torch.full((batch,), context - BLOCK_SIZE // 2)
+                inputs = (queries, k_cache, v_cache, tables, bias, scale)
                 reference = microseconds(lambda inputs=inputs: sdpa(*inputs), repeats)
-                ours = microseconds(lambda inputs=inputs: decode_attention(*inputs), repeats)
+                ours = microseconds(lambda inputs=inputs: matmuls(*inputs), repeats)
+                compiled = float("nan")
+                if kernel is not None:
+                    call = (queries, k_cache, v_cache, tables, lens, scale)
+                    compiled = microseconds(lambda call=call: kernel(*call), repeats)
                 name = str(dtype).removeprefix("torch.")
                 rows.append(
-                    f"| {name} | {batch} | {context} | {reference:.0f} | {ours:.0f} | {reference / ours:.1f}x |"
+                    f"| {name} | {batch} | {context} | {reference:.0f} | {ours:.0f} | {compiled:.0f} "
+                    f"| {reference / compiled:.1f}x |"
                 )
                 print(rows[-1], flush=True)
     if args.quick:
         return
     body = "\n".join(
         [
-            "## Decode attention: SDPA against two batched matmuls",
+            "## Decode attention: SDPA, two batched matmuls, the compiled kernel",
             "",
             f"Command: `{reproduce_command('benchmarks.bench_attention')}`. Machine: {machine_description()}.",
             "",
             f"One layer's attention for decode rows, {NUM_HEADS} query heads over {NUM_KV_HEADS} KV heads of "
-            f"{HEAD_DIM}; microseconds per call, median of {repeats}.",
+            f"{HEAD_DIM}, from a paged cache of {BLOCK_SIZE}-token blocks; microseconds per call, median of "
+            f"{repeats} (the same layer again and again: caches warmer than in a step, where each layer's K "
+            "and V come from memory once).",
             "",
             *rows,
         ]

@@ -1,11 +1,8 @@
 """The compiled CPU kernel (lora_cpu.cpp): multi-LoRA straight from the pool, one call per
 group of projections that share an input.
 
-It is built on first use with the host's C++ compiler (`$CXX`, else `c++`; about 5 s, once)
-for this very CPU (-march=native) and kept in a cache directory under a name that hashes
-the source, the flags and the CPU's features, so a changed kernel or another machine
-sharing the directory gets its own build. Without a compiler `load_kernel` says why and
-returns None, and the caller keeps to the torch path (cpu.grouped_lora).
+Built on first use for this machine (build.py); without a compiler `load_kernel` says why
+and returns None, and the caller keeps to the torch path (cpu.grouped_lora).
 
 Example of the row chunks a step hands it: segments of lengths [1, 1, 3] in slots
 [2, -1, 2] give order = [0, 2, 3, 4] (the adapted rows, sorted by slot) and one chunk
@@ -15,29 +12,16 @@ Example of the row chunks a step hands it: segments of lengths [1, 1, 3] in slot
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from sgmv_kernels.build import load_library
 
 SOURCE = Path(__file__).with_name("lora_cpu.cpp")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 CHUNK_ROWS = 8  # kChunkRows in lora_cpu.cpp: rows of one slot that share a read of its weights
 _FUNCTIONS = {torch.float32: "lora_add_float32", torch.bfloat16: "lora_add_bfloat16"}
-
-
-class KernelBuildError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -129,44 +113,7 @@ class LoraKernel:
         )
 
 
-@functools.cache
 def load_kernel(cache_dir: Path) -> LoraKernel | None:
     """The kernel built for this machine (building it if needed), or None with a warning saying why."""
-    try:
-        return LoraKernel(ctypes.CDLL(str(build(cache_dir))))
-    except (KernelBuildError, OSError) as error:
-        log.warning("multi-LoRA on the CPU falls back to the slower torch path: %s", error)
-        return None
-
-
-def build(cache_dir: Path) -> Path:
-    """Compile lora_cpu.cpp into cache_dir unless this exact build is there already."""
-    compiler = shutil.which(os.environ.get("CXX", "c++"))
-    if compiler is None:
-        raise KernelBuildError("no C++ compiler found (set CXX, or install g++)")
-    key = hashlib.sha256(SOURCE.read_bytes())
-    key.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_features())).encode())
-    target = cache_dir / f"lora_cpu-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    log.info("building the CPU multi-LoRA kernel for this machine (once) into %s", cache_dir)
-    # Built under a temporary name and renamed: processes building at once never load half a file.
-    with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
-        built = Path(scratch) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE)], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise KernelBuildError(f"{compiler} failed on {SOURCE.name}:\n{result.stderr[-2000:]}")
-        os.replace(built, target)
-    return target
-
-
-def _cpu_features() -> str:
-    """The CPU's feature flags (what -march=native compiles for), or '' where /proc says nothing."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return ""
+    library = load_library(SOURCE, cache_dir, "multi-LoRA on the CPU falls back to the slower torch path")
+    return LoraKernel(library) if library is not None else None

@@ -22,6 +22,7 @@ from loraserve.lora.memory_pool import MemoryPool, pool_pages
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata
+from loraserve.models.cpu_attention import load_decode_kernel
 from sgmv_kernels.native import load_kernel
 
 
@@ -51,7 +52,10 @@ class ModelRunner:
         self.pool = MemoryPool(spec, self.block_size, num_pages, self.dtype, self.device)
         self.sampler = Sampler(seed, self.device)
         self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
-        self.cpu_lora_kernel = load_kernel(cache_dir / "kernels") if self.device == "cpu" else None
+        on_cpu = self.device == "cpu"
+        self.cpu_lora_kernel = load_kernel(cache_dir / "kernels") if on_cpu else None
+        decode_kernel = load_decode_kernel(cache_dir / "kernels") if on_cpu else None
+        self.decode_kernel = decode_kernel if decode_kernel and decode_kernel.supports(self.dtype) else None
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
@@ -107,6 +111,7 @@ class ModelRunner:
                 slot_blocks=torch.tensor(blocks, dtype=torch.long, device=device),
                 slot_offsets=torch.tensor(offsets, dtype=torch.long, device=device),
                 groups=groups,
+                decode_kernel=self.decode_kernel,
             ),
             logits_index=torch.tensor(logits_index, dtype=torch.long, device=device),
             lora=lora,
@@ -146,4 +151,7 @@ class ModelRunner:
             block_tables=torch.tensor(tables, dtype=torch.long, device=device),
             attend_bias=attend_bias,
             padded_index=padded_index,
+            context_lens=torch.tensor(
+                [s + n for s, n in zip(starts, query_lens, strict=True)], dtype=torch.long, device=device
+            ),
         )

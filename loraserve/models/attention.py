@@ -7,10 +7,11 @@ row attends over its whole context gathered block by block from its block table.
 
 The rows of a step form at most two groups, each computed as one padded batch: the
 decodes (one query token each) and the prefill chunks (many query tokens each), so a long
-prompt never pads a decode row to its length. Prefill chunks go through SDPA. Decodes in
-bfloat16 go through two batched matmuls (`decode_attention`): on a 2-core AMD EPYC they run
-6-7x faster than SDPA's bfloat16 kernel from batch 8 up; in float32 SDPA is the faster
-(benchmarks/bench_attention.py, docs/benchmarks.md).
+prompt never pads a decode row to its length. Prefill chunks go through SDPA. Decodes on
+the CPU go through a compiled kernel that reads K and V in the cache where they lie
+(cpu_attention.py), and without a compiler, in bfloat16, through two batched matmuls over
+the gathered blocks (`decode_attention`): on a 2-core AMD EPYC both run several times
+faster than SDPA's bfloat16 kernel (benchmarks/bench_attention.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from loraserve.models.cpu_attention import DecodeAttentionKernel
 
 
 @dataclass
@@ -31,6 +34,7 @@ class AttentionGroup:
     block_tables: torch.Tensor  # [B, max_blocks] int64, padded with block 0 (masked out)
     attend_bias: torch.Tensor  # [B, 1, Lq, max_blocks * block_size] model dtype: 0 = may attend, -inf = may not
     padded_index: torch.Tensor | None  # [token_end - token_start] int64 row in [B * Lq]; None = no padding
+    context_lens: torch.Tensor  # [B] int64 keys each row attends to (its last position + 1)
 
 
 @dataclass
@@ -40,6 +44,7 @@ class AttentionMetadata:
     slot_blocks: torch.Tensor  # [T] int64 the block each token of the step writes its K and V to
     slot_offsets: torch.Tensor  # [T] int64 and its position in that block
     groups: list[AttentionGroup]
+    decode_kernel: DecodeAttentionKernel | None = None  # the CPU's compiled path for one-token rows
 
 
 def paged_attention(
@@ -59,6 +64,12 @@ def paged_attention(
     v_cache.index_put_(slots, v)
     outputs = []
     for group in metadata.groups:
+        if group.max_query_len == 1 and metadata.decode_kernel is not None:
+            queries = q[group.token_start : group.token_end]
+            outputs.append(
+                metadata.decode_kernel(queries, k_cache, v_cache, group.block_tables, group.context_lens, scale)
+            )
+            continue
         num_rows, max_blocks = group.block_tables.shape
         context_len = max_blocks * block_size
         tables = group.block_tables.view(-1)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from sgmv_kernels import sgmv_expand_reference, sgmv_shrink_reference
-from sgmv_kernels.native import CHUNK_ROWS, LoraKernel, ProjectionGroup, RowChunks, build, load_kernel
+from sgmv_kernels.build import build
+from sgmv_kernels.native import CHUNK_ROWS, SOURCE, LoraKernel, ProjectionGroup, RowChunks, load_kernel
 from tests.kernels.test_sgmv import CASES, TOLERANCE, make_pool, make_segments
 
 
@@ -115,9 +116,9 @@ def test_row_chunks_sort_rows_by_slot_and_cut_long_runs():
 
 
 def test_the_kernel_is_built_once_and_reused(tmp_path: Path):
-    first = build(tmp_path)
+    first = build(SOURCE, tmp_path)
     built_at = first.stat().st_mtime_ns
-    assert build(tmp_path) == first and first.stat().st_mtime_ns == built_at
+    assert build(SOURCE, tmp_path) == first and first.stat().st_mtime_ns == built_at
     assert [p.name for p in tmp_path.iterdir()] == [first.name], "no scratch files left behind"
 
 

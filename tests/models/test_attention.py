@@ -1,10 +1,19 @@
-"""decode_attention (the decode rows' path) against SDPA, which prefill rows still use."""
+"""The decode rows' two paths - the compiled kernel over the paged cache and, without a compiler,
+decode_attention over gathered blocks - against SDPA, which prefill rows use."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from loraserve.models.attention import decode_attention
+from loraserve.models.cpu_attention import DecodeAttentionKernel, load_decode_kernel
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> DecodeAttentionKernel:
+    built = load_decode_kernel(tmp_path_factory.mktemp("kernels"))
+    assert built is not None, "the C++ compiler the project installs could not build the kernel"
+    return built
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (4, 4), (8, 2)])
@@ -36,3 +45,43 @@ def test_decode_attention_equals_sdpa(num_heads: int, num_kv_heads: int, dtype: 
     assert got.shape == (rows, num_heads, head_dim)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 128), (8, 2, 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_reads_the_paged_cache_as_sdpa_reads_gathered_blocks(
+    kernel, num_heads, num_kv_heads, head_dim, dtype
+):
+    """Blocks scattered over a page-major pool (a layer's blocks a page apart), contexts from one
+    token to several blocks; head_dim 40 leaves a tail past the vector length."""
+    generator = torch.Generator().manual_seed(num_heads + head_dim)
+    num_blocks, block_size, layers = 40, 16, 3
+    pool = torch.randn(num_blocks, 2, layers, block_size, num_kv_heads, head_dim, generator=generator).to(dtype)
+    k_cache, v_cache = pool[:, 0, 1], pool[:, 1, 1]
+    context_lens = torch.tensor([1, 16, 17, 50, 64])
+    tables = torch.randperm(num_blocks, generator=generator)[:20].view(5, 4)
+    queries = torch.randn(5, num_heads, head_dim, generator=generator).to(dtype)
+    scale = head_dim**-0.5
+
+    got = kernel(queries, k_cache, v_cache, tables, context_lens, scale)
+
+    keys = k_cache[tables].flatten(1, 2).float().transpose(1, 2)  # [B, Hkv, L, D]
+    values = v_cache[tables].flatten(1, 2).float().transpose(1, 2)
+    mask = torch.arange(keys.shape[2]) < context_lens.unsqueeze(1)
+    expected = F.scaled_dot_product_attention(
+        queries.float().unsqueeze(2), keys, values, attn_mask=mask.view(5, 1, 1, -1), scale=scale, enable_gqa=True
+    ).squeeze(2)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert got.shape == queries.shape and got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_the_kernel_refuses_what_it_cannot_read(kernel):
+    cache = torch.zeros(4, 16, 1, 8)
+    tables, lens = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="dtype"):
+        kernel(torch.zeros(1, 2, 8, dtype=torch.bfloat16), cache, cache, tables, lens, 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        kernel(torch.zeros(1, 2, 8), cache, cache, tables.int(), lens, 1.0)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel(torch.zeros(1, 8, 2).transpose(1, 2), cache, cache, tables, lens, 1.0)

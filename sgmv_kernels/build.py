@@ -1,0 +1,74 @@
+"""Building the CPU kernels (C++ sources beside the modules that call them) with the host's compiler.
+
+A kernel is built on first use with `$CXX`, else `c++` (a few seconds, once), for this very
+CPU (-march=native), and kept in a cache directory under a name that hashes the source, the
+flags and the CPU's features, so a changed kernel or another machine sharing the directory
+gets its own build. Without a compiler `load_library` says why and returns None, and the
+caller keeps to its torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# -fno-math-errno: expf and friends need not set errno, so loops over them vectorize.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+
+
+class KernelBuildError(RuntimeError):
+    pass
+
+
+@functools.cache
+def load_library(source: Path, cache_dir: Path, fallback: str) -> ctypes.CDLL | None:
+    """The library built from `source` for this machine (building it if needed), or None with a
+    warning that names `fallback` (what runs instead) and the reason."""
+    try:
+        return ctypes.CDLL(str(build(source, cache_dir)))
+    except (KernelBuildError, OSError) as error:
+        log.warning("%s: %s", fallback, error)
+        return None
+
+
+def build(source: Path, cache_dir: Path) -> Path:
+    """Compile `source` into cache_dir unless this exact build is there already."""
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        raise KernelBuildError("no C++ compiler found (set CXX, or install g++)")
+    key = hashlib.sha256(source.read_bytes())
+    key.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_features())).encode())
+    target = cache_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    log.info("building %s for this machine (once) into %s", source.name, cache_dir)
+    # Built under a temporary name and renamed: processes building at once never load half a file.
+    with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KernelBuildError(f"{compiler} failed on {source.name}:\n{result.stderr[-2000:]}")
+        os.replace(built, target)
+    return target
+
+
+def _cpu_features() -> str:
+    """The CPU's feature flags (what -march=native compiles for), or '' where /proc says nothing."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""

@@ -1,6 +1,7 @@
 """Where a multi-LoRA decode step's time goes: the same batch decoding on the base model, with one
-adapter for every row, and with N distinct adapters; then the torch profiler's top ops of the
-N-adapter step.
+adapter for every row, and with N distinct adapters, in alternating rounds (this machine's
+speed drifts by tens of percent over a minute; alternating keeps the comparison fair); then
+the time of the compiled CPU kernels and the torch profiler's top ops in the N-adapter step.
 
     python -m benchmarks.profile_lora_step                 # a section of docs/benchmarks.md
     python -m benchmarks.profile_lora_step --quick         # a smoke run; nothing written
@@ -25,6 +26,8 @@ from loraserve import SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel, load_model
+from loraserve.models.cpu_attention import DecodeAttentionKernel
+from sgmv_kernels.native import LoraKernel
 
 SECTION = "lora-step-profile"
 
@@ -52,13 +55,46 @@ def decoding_engine(loaded: LoadedModel, batch: int, adapters: list[Path], num_a
     return engine
 
 
-def step_ms(engine: LLMEngine, steps: int) -> float:
-    samples = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+def alternating_step_ms(engines: dict[int, LLMEngine], steps: int, rounds: int = 5) -> dict[int, float]:
+    """Median ms per step of each engine, `steps` in all, run a few steps each in turn."""
+    samples: dict[int, list[float]] = {count: [] for count in engines}
+    for _ in range(rounds):
+        for count, engine in engines.items():
+            for _ in range(max(1, steps // rounds)):
+                start = time.perf_counter()
+                engine.step()
+                samples[count].append((time.perf_counter() - start) * 1e3)
+    return {count: statistics.median(values) for count, values in samples.items()}
+
+
+def kernel_ms(engine: LLMEngine, steps: int) -> dict[str, float]:
+    """ms per step inside each compiled CPU kernel (not torch ops, so the profiler cannot see them)."""
+    spent = {"multi-LoRA kernel": 0.0, "decode attention kernel": 0.0}
+    originals = {
+        "multi-LoRA kernel": (LoraKernel, "add"),
+        "decode attention kernel": (DecodeAttentionKernel, "__call__"),
+    }
+
+    def timed(name: str, function):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        return wrapper
+
+    saved = {name: getattr(owner, attribute) for name, (owner, attribute) in originals.items()}
+    try:
+        for name, (owner, attribute) in originals.items():
+            setattr(owner, attribute, timed(name, saved[name]))
+        for _ in range(steps):
+            engine.step()
+    finally:
+        for name, (owner, attribute) in originals.items():
+            setattr(owner, attribute, saved[name])
+    return {name: seconds * 1e3 / steps for name, seconds in spent.items()}
 
 
 def top_ops(engine: LLMEngine, steps: int, count: int) -> list[tuple[str, float, int]]:
@@ -80,16 +116,15 @@ def main() -> None:
     if args.quick:
         args.batch, args.adapters, args.steps = 4, 2, 2
     loaded = load_model(ModelConfig(dtype="bfloat16"))
-    timings = {}
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp))
-        for count in (0, 1, args.adapters):
-            engine = decoding_engine(loaded, args.batch, paths, count)
-            timings[count] = step_ms(engine, args.steps)
-            rate = args.batch / timings[count] * 1e3
-            print(f"{count} adapters: {timings[count]:.1f} ms per step ({rate:.0f} tok/s)", flush=True)
-            if count == args.adapters:
-                ops = top_ops(engine, max(2, args.steps // 4), 12)
+        engines = {count: decoding_engine(loaded, args.batch, paths, count) for count in (0, 1, args.adapters)}
+        timings = alternating_step_ms(engines, args.steps)
+        for count, ms in timings.items():
+            print(f"{count} adapters: {ms:.1f} ms per step ({args.batch / ms * 1e3:.0f} tok/s)", flush=True)
+        kernels = kernel_ms(engines[args.adapters], max(2, args.steps // 4))
+        ops = top_ops(engines[args.adapters], max(2, args.steps // 4), 12)
+        for engine in engines.values():
             engine.close()
     base = timings[0]
     lines = [
@@ -97,7 +132,8 @@ def main() -> None:
         "",
         f"Command: `{reproduce_command('benchmarks.profile_lora_step')}`. Machine: {machine_description()}.",
         "",
-        f"Batch {args.batch}, every sequence past its ~60-token prompt, bfloat16; median of {args.steps} steps.",
+        f"Batch {args.batch}, every sequence past its ~60-token prompt, bfloat16; median of {args.steps} steps "
+        "per row, the three batches decoding in alternating rounds.",
         "",
         "| adapters in the batch | ms per step | tokens/s | vs base | LoRA's share of the step |",
         "|---|---:|---:|---:|---:|",
@@ -107,8 +143,12 @@ def main() -> None:
         lines.append(f"| {label} | {ms:.1f} | {args.batch / ms * 1e3:.0f} | {base / ms:.2f} | {(ms - base) / ms:.0%} |")
     lines += [
         "",
-        f"Top ops of the {args.adapters}-adapter step (torch profiler, self CPU time; `bmm`, `index_*`, "
-        "`copy_`/`_to_copy` and `mul` are mostly LoRA's, `_linear_pointwise` is the base model's matmuls):",
+        f"Inside the compiled CPU kernels in the {args.adapters}-adapter step (ms per step): "
+        + ", ".join(f"{name} {ms:.1f}" for name, ms in kernels.items())
+        + ".",
+        "",
+        f"Top torch ops of the {args.adapters}-adapter step (torch profiler, self CPU time; "
+        "`_linear_pointwise` is the base model's matmuls; the kernels above are not torch ops):",
         "",
         "| op | ms per step | calls per step |",
         "|---|---:|---:|",

@@ -121,7 +121,7 @@ constexpr int chains_per_row() {
 // y[i * max_rank + k] = xs[i] . A[k] for the chunk's ROWS rows (xs: float32, in_features apart).
 template <int ROWS, typename T>
 void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* a_rows, int rank, float* y,
-            int64_t max_rank) {
+            int64_t max_rank, const int64_t* b_rows, int64_t width) {
     constexpr int kChains = chains_per_row<ROWS>();
     const int64_t unrolled = in_features / (kLanes * kChains) * (kLanes * kChains);
     const int64_t vectorized = in_features / kLanes * kLanes;
@@ -129,6 +129,8 @@ void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* 
         const T* a = pool + a_rows[k];
         // While this row is read, fetch the next one, a line at a time.
         const char* ahead = reinterpret_cast<const char*>(pool + a_rows[k + 1 < rank ? k + 1 : k]);
+        // The expand that follows reads B^T's rows: ask for row k now, while A's are computed.
+        prefetch_lines(pool + b_rows[k], width * sizeof(T));
         Floats sums[ROWS][kChains] = {};
         int64_t h = 0;
         for (; h < unrolled; h += kLanes * kChains) {
@@ -207,7 +209,8 @@ void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, con
         const int64_t table = j * num_slots + slot;
         const int rank = ranks[table];
         if (rank > 0) {
-            shrink<ROWS>(xs, in_features, pool, a_rows + table * max_rank, rank, y, max_rank);
+            shrink<ROWS>(xs, in_features, pool, a_rows + table * max_rank, rank, y, max_rank, b_rows + table * max_rank,
+                         widths[j]);
             expand<ROWS>(y, max_rank, pool, b_rows + table * max_rank, rank, scales[table], targets, widths[j]);
         }
         for (int i = 0; i < ROWS; i++) targets[i] += widths[j];

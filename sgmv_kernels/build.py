@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 
 
+SHARED_HEADER = Path(__file__).with_name("cpu_vectors.h")  # the helpers every kernel includes
+
+
 class KernelBuildError(RuntimeError):
     pass
 
@@ -46,7 +49,7 @@ def build(source: Path, cache_dir: Path) -> Path:
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
         raise KernelBuildError("no C++ compiler found (set CXX, or install g++)")
-    key = hashlib.sha256(source.read_bytes())
+    key = hashlib.sha256(source.read_bytes() + SHARED_HEADER.read_bytes())
     key.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_features())).encode())
     target = cache_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
@@ -56,7 +59,8 @@ def build(source: Path, cache_dir: Path) -> Path:
     # Built under a temporary name and renamed: processes building at once never load half a file.
     with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
         built = Path(scratch) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source)], capture_output=True, text=True)
+        command = [compiler, *FLAGS, f"-I{SHARED_HEADER.parent}", "-o", str(built), str(source)]
+        result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelBuildError(f"{compiler} failed on {source.name}:\n{result.stderr[-2000:]}")
         os.replace(built, target)

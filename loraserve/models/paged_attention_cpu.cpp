@@ -22,60 +22,7 @@ namespace {
 
 constexpr int kLanes = 16;
 
-struct BFloat16 {
-    uint16_t bits;
-};
-
-typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
-typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float Floats4 __attribute__((vector_size(4 * sizeof(float))));
-
-inline float load(float value) { return value; }
-inline float load(BFloat16 value) {
-    uint32_t bits = uint32_t(value.bits) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-inline void store(float* target, float value) { *target = value; }
-// Round to nearest even, NaN to the canonical quiet NaN: what c10::BFloat16 does.
-inline void store(BFloat16* target, float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        target->bits = 0x7fc0;
-        return;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    target->bits = uint16_t(bits >> 16);
-}
-
-inline Floats load_vector(const float* source) {
-    Floats v;
-    std::memcpy(&v, source, sizeof v);
-    return v;
-}
-inline Floats load_vector(const BFloat16* source) {
-    Halves halves;
-    std::memcpy(&halves, source, sizeof halves);
-    Words words = __builtin_convertvector(halves, Words) << 16;
-    Floats v;
-    std::memcpy(&v, &words, sizeof v);
-    return v;
-}
-
-inline float lanes_sum(Floats v) {
-    Floats8 halves[2];
-    std::memcpy(halves, &v, sizeof v);
-    const Floats8 eights = halves[0] + halves[1];
-    Floats4 quarters[2];
-    std::memcpy(quarters, &eights, sizeof eights);
-    const Floats4 fours = quarters[0] + quarters[1];
-    return (fours[0] + fours[2]) + (fours[1] + fours[3]);
-}
+#include "cpu_vectors.h"
 
 typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
 

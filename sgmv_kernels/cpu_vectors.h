@@ -1,0 +1,74 @@
+// Shared by the CPU kernels (lora_cpu.cpp, loraserve/models/paged_attention_cpu.cpp): bfloat16
+// and float32 loads and stores, one element or one vector at a time, and a vector's lane sum.
+// Include inside the kernel's anonymous namespace after defining kLanes.
+struct BFloat16 {
+    uint16_t bits;
+};
+
+// GCC/Clang vector extensions: the compiler maps them onto the ISA -march=native gives.
+typedef float Floats __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+inline float load(float value) { return value; }
+inline void store(float* target, float value) { *target = value; }
+
+inline float load(BFloat16 value) {
+    uint32_t bits = uint32_t(value.bits) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// Round to nearest even, NaN to the canonical quiet NaN: what c10::BFloat16 does.
+inline void store(BFloat16* target, float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        target->bits = 0x7fc0;
+        return;
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    target->bits = uint16_t(bits >> 16);
+}
+
+inline Floats load_vector(const float* source) {
+    Floats v;
+    std::memcpy(&v, source, sizeof v);
+    return v;
+}
+
+inline Floats load_vector(const BFloat16* source) {
+    Halves halves;
+    std::memcpy(&halves, source, sizeof halves);
+    Words words = __builtin_convertvector(halves, Words) << 16;
+    Floats v;
+    std::memcpy(&v, &words, sizeof v);
+    return v;
+}
+
+inline void store_vector(float* target, Floats v) { std::memcpy(target, &v, sizeof v); }
+
+// store() for a vector: round to nearest even, NaN to the canonical quiet NaN.
+inline void store_vector(BFloat16* target, Floats v) {
+    Words bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    const Words rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const Words is_nan = (bits & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
+    const Halves halves = __builtin_convertvector((rounded & ~is_nan) | (0x7fc0u & is_nan), Halves);
+    std::memcpy(target, &halves, sizeof halves);
+}
+
+typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float Floats4 __attribute__((vector_size(4 * sizeof(float))));
+
+// Halves added in registers (a loop over lanes through memory stalls on store forwarding).
+inline float lanes_sum(Floats v) {
+    Floats8 halves[2];
+    std::memcpy(halves, &v, sizeof v);
+    const Floats8 eights = halves[0] + halves[1];
+    Floats4 quarters[2];
+    std::memcpy(quarters, &eights, sizeof eights);
+    const Floats4 fours = quarters[0] + quarters[1];
+    return (fours[0] + fours[2]) + (fours[1] + fours[3]);
+}

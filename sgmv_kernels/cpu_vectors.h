@@ -1,5 +1,6 @@
-// Shared by the CPU kernels (lora_cpu.cpp, loraserve/models/paged_attention_cpu.cpp): bfloat16
-// and float32 loads and stores, one element or one vector at a time, and a vector's lane sum.
+// Shared by the CPU kernels (sgmv_kernels/lora_cpu.cpp, loraserve/models/*_cpu.cpp): bfloat16
+// and float32 loads and stores, one element or one vector at a time, a vector's lane sum, and e^x
+// for x <= 0.
 // Include inside the kernel's anonymous namespace after defining kLanes.
 struct BFloat16 {
     uint16_t bits;
@@ -71,4 +72,25 @@ inline float lanes_sum(Floats v) {
     std::memcpy(quarters, &eights, sizeof eights);
     const Floats4 fours = quarters[0] + quarters[1];
     return (fours[0] + fours[2]) + (fours[1] + fours[3]);
+}
+
+typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// e^x for x <= 0 (softmax scores minus their maximum, -|x| in SiLU), 16 at a time: x = n ln2 + r with n the nearest
+// integer to x / ln2 (so |r| <= ln2 / 2), e^r by its degree-7 Taylor polynomial (relative
+// error below 1e-8, under float32's own rounding), 2^n put straight into the exponent bits.
+// Below -87 the result is 0 (expf would give a denormal there; neither user can tell).
+inline Floats exp_nonpositive(Floats x) {
+    const Ints below = x < -87.0f;
+    const Floats clamped = below ? Floats{} - 87.0f : x;
+    const Ints n = __builtin_convertvector(clamped * 1.44269504f - 0.5f, Ints);  // truncates: rounds x <= 0
+    const Floats whole = __builtin_convertvector(n, Floats);
+    const Floats r = clamped - whole * 0.693359375f + whole * 2.12194440e-4f;  // ln2 in two parts
+    Floats p = Floats{} + 1.0f / 5040.0f;
+    for (const float coefficient : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+        p = p * r + coefficient;
+    const Ints exponent = (n + 127) << 23;
+    Floats scale;
+    std::memcpy(&scale, &exponent, sizeof scale);
+    return below ? Floats{} : p * scale;
 }

@@ -23,6 +23,7 @@ from loraserve.lora.slots import AdapterSlots
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata
 from loraserve.models.cpu_attention import load_decode_kernel
+from loraserve.models.cpu_layer_ops import load_layer_ops
 from sgmv_kernels.native import load_kernel
 
 
@@ -56,6 +57,8 @@ class ModelRunner:
         self.cpu_lora_kernel = load_kernel(cache_dir / "kernels") if on_cpu else None
         decode_kernel = load_decode_kernel(cache_dir / "kernels") if on_cpu else None
         self.decode_kernel = decode_kernel if decode_kernel and decode_kernel.supports(self.dtype) else None
+        layer_ops = load_layer_ops(cache_dir / "kernels") if on_cpu else None
+        self.model.use_layer_ops(layer_ops if layer_ops and layer_ops.supports(self.dtype) else None)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:

@@ -47,21 +47,29 @@ class AttentionMetadata:
     decode_kernel: DecodeAttentionKernel | None = None  # the CPU's compiled path for one-token rows
 
 
-def paged_attention(
-    q: torch.Tensor,  # [T, Hq, D]
+def store_kv(
     k: torch.Tensor,  # [T, Hkv, D]
     v: torch.Tensor,  # [T, Hkv, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], blocks need not be adjacent
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     metadata: AttentionMetadata,
-    scale: float,
-) -> torch.Tensor:  # [T, Hq, D]
-    """Store this step's K/V in the cache, then attend each row over its cached context."""
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    num_heads = q.shape[1]
+) -> None:
+    """Write this step's K and V into their cache slots (before attending)."""
     slots = (metadata.slot_blocks, metadata.slot_offsets)
     k_cache.index_put_(slots, k)
     v_cache.index_put_(slots, v)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], holding this step's K already
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Attend each row over its cached context."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
     outputs = []
     for group in metadata.groups:
         if group.max_query_len == 1 and metadata.decode_kernel is not None:

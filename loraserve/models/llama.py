@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from loraserve.models.attention import AttentionMetadata, paged_attention
+from loraserve.models.attention import AttentionMetadata, paged_attention, store_kv
+from loraserve.models.cpu_layer_ops import LayerOpsKernel
 from loraserve.models.linear import Linear, can_pack, empty_param
 from loraserve.models.rope import RotaryEmbedding, apply_rotary
 
@@ -67,17 +68,25 @@ class LlamaSpec:
 
 
 class RMSNorm(nn.Module):
+    """The norm of the residual stream, fused with the add that updates the stream (as vLLM does)."""
+
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: str) -> None:
         super().__init__()
         self.weight = empty_param(size, dtype=dtype, device=device)
         self.eps = eps
+        self.layer_ops: LayerOpsKernel | None = None  # the compiled CPU path, set by use_layer_ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); without a residual (norm(x), x)."""
+        if self.layer_ops is not None:
+            return self.layer_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = x + residual
         # As transformers computes it: normalize in float32, scale in the model dtype. F.rms_norm
         # on the float32 copy gives bit for bit transformers' x * rsqrt(mean(x^2) + eps) in one op
         # instead of five (on bfloat16 itself it would normalize in bfloat16: other answers).
         normalized = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
-        return self.weight * normalized.to(x.dtype)
+        return self.weight * normalized.to(x.dtype), x
 
 
 class LlamaAttention(nn.Module):
@@ -90,6 +99,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, spec.hidden_size, False, dtype, device)
         self.scale = spec.head_dim**-0.5
+        self.layer_ops: LayerOpsKernel | None = None
 
     def forward(
         self,
@@ -104,11 +114,18 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
         if lora is not None:
             lora.add(self.layer_index, ("q_proj", "k_proj", "v_proj"), x, qkv)
-        # Rotate the query and key heads in one go: [T, Hq + Hkv, D].
-        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        attended = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metadata, self.scale)
+        k_cache, v_cache = kv_cache
+        if self.layer_ops is not None:
+            slots = (metadata.slot_blocks, metadata.slot_offsets)
+            self.layer_ops.rotary_store_kv(qkv, cos, sin, self.num_heads, k_cache, v_cache, *slots)
+            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+        else:
+            # Rotate the query and key heads in one go: [T, Hq + Hkv, D].
+            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+            store_kv(k, v, k_cache, v_cache, metadata)
+        attended = paged_attention(q, k_cache, v_cache, metadata, self.scale)
         attended = attended.reshape(num_tokens, self.q_size)
         out = self.o_proj(attended)
         if lora is not None:
@@ -123,13 +140,17 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = spec.intermediate_size
         self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, False, dtype, device)
         self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, False, dtype, device)
+        self.layer_ops: LayerOpsKernel | None = None
 
     def forward(self, x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
         if lora is not None:
             lora.add(self.layer_index, ("gate_proj", "up_proj"), x, gate_up)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        hidden = F.silu(gate) * up
+        if self.layer_ops is not None:
+            hidden = self.layer_ops.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            hidden = F.silu(gate) * up
         out = self.down_proj(hidden)
         if lora is not None:
             lora.add(self.layer_index, ("down_proj",), hidden, out)
@@ -147,14 +168,17 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,  # the residual stream before x is added; None in the first layer
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: KVCache,
         metadata: AttentionMetadata,
         lora: LoraDelta | None,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata, lora)
-        return x + self.mlp(self.post_attention_layernorm(x), lora)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's output, the residual stream it adds to)
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos, sin, kv_cache, metadata, lora)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x, lora), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -179,10 +203,10 @@ class LlamaForCausalLM(nn.Module):
         lora: LoraDelta | None = None,  # None: no row of the step uses an adapter
     ) -> torch.Tensor:  # [T, hidden] after the final norm
         cos, sin = self.rope.lookup(positions)
-        x = F.embedding(input_ids, self.embed_tokens)
+        x, residual = F.embedding(input_ids, self.embed_tokens), None
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, metadata, lora)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, kv_cache, metadata, lora)
+        return self.norm(x, residual)[0]
 
     @property
     def decoder_layers(self) -> list[LlamaDecoderLayer]:
@@ -191,6 +215,12 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [S, hidden] -> logits [S, vocab] float32."""
         return self.lm_head(hidden).float()
+
+    def use_layer_ops(self, layer_ops: LayerOpsKernel | None) -> None:
+        """Run norms, rotary + K/V writes and SiLU through the compiled CPU ops; None: torch ops."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm | LlamaAttention | LlamaMLP):
+                module.layer_ops = layer_ops
 
     def pack_weights(self) -> None:
         """After loading: pack every matmul weight for the device when that is faster (see linear.py)."""

@@ -24,27 +24,6 @@ constexpr int kLanes = 16;
 
 #include "cpu_vectors.h"
 
-typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-// e^x for x <= 0 (scores minus their maximum), 16 at a time: x = n ln2 + r with n the nearest
-// integer to x / ln2 (so |r| <= ln2 / 2), e^r by its degree-7 Taylor polynomial (relative
-// error below 1e-8, under float32's own rounding), 2^n put straight into the exponent bits.
-// Below -87 the result is 0 (expf would give a denormal there; softmax cannot tell).
-inline Floats exp_nonpositive(Floats x) {
-    const Ints below = x < -87.0f;
-    const Floats clamped = below ? Floats{} - 87.0f : x;
-    const Ints n = __builtin_convertvector(clamped * 1.44269504f - 0.5f, Ints);  // truncates: rounds x <= 0
-    const Floats whole = __builtin_convertvector(n, Floats);
-    const Floats r = clamped - whole * 0.693359375f + whole * 2.12194440e-4f;  // ln2 in two parts
-    Floats p = Floats{} + 1.0f / 5040.0f;
-    for (const float coefficient : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
-        p = p * r + coefficient;
-    const Ints exponent = (n + 127) << 23;
-    Floats scale;
-    std::memcpy(&scale, &exponent, sizeof scale);
-    return below ? Floats{} : p * scale;
-}
-
 // q . k over head_dim, q already in float32.
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t head_dim) {

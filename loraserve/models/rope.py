@@ -37,12 +37,12 @@ class RotaryEmbedding:
         self.sin = (emb.sin() * attention_scaling).to(device=device, dtype=dtype)  # [max_positions, head_dim]
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for the step's tokens, shaped to broadcast over heads: [T, 1, head_dim] each."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos, sin for the step's tokens: [T, head_dim] each."""
+        return self.cos[positions], self.sin[positions]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, head_dim]; the rotate-half convention of HF Llama checkpoints."""
+    """x: [T, heads, head_dim], cos and sin [T, head_dim]; the rotate-half convention of HF Llama checkpoints."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)

@@ -1,0 +1,122 @@
+"""The compiled per-layer operations for the CPU (layer_ops_cpu.cpp): residual add + RMSNorm,
+SiLU * up, and rotary + K/V cache write, each one pass instead of several torch ops.
+
+Built on first use for this machine (sgmv_kernels/build.py); without a compiler
+`load_layer_ops` says why and returns None, and the model keeps its torch ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from sgmv_kernels.build import load_library
+
+SOURCE = Path(__file__).with_name("layer_ops_cpu.cpp")
+_DTYPE_SUFFIXES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_P, _I, _F, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_SIGNATURES = {
+    "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F, _THREADS],
+    "silu_mul": [_P, _P, _I, _I, _THREADS],
+    "rotary_store_kv": [_P, _I, _P, _P, _I, _I, _I, _I, _P, _P, _I, _P, _P, _THREADS],
+}
+
+
+class LayerOpsKernel:
+    """Each method computes what the torch ops it replaces compute (see the model's torch path)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._functions: dict[tuple[str, torch.dtype], Callable[..., None]] = {}
+        for name, argtypes in _SIGNATURES.items():
+            for dtype, suffix in _DTYPE_SUFFIXES.items():
+                function = getattr(library, f"{name}_{suffix}")
+                function.restype, function.argtypes = None, argtypes
+                self._functions[(name, dtype)] = function
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in _DTYPE_SUFFIXES
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight * rms_norm(x + residual), x + residual); the sum is written into `residual`.
+        Without a residual: (weight * rms_norm(x), x)."""
+        _check_rows(x, weight)
+        if residual is None:
+            residual, delta_pointer = x, None
+        else:
+            _check_rows(residual, weight)
+            delta_pointer = x.data_ptr()
+        out = torch.empty_like(residual)
+        rows, hidden = residual.shape
+        self._functions[("add_rms_norm", x.dtype)](
+            delta_pointer, residual.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, hidden, eps, _threads()
+        )
+        return out, residual
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2I] -> silu(gate_up[:, :I]) * gate_up[:, I:], [T, I]."""
+        if not gate_up.is_contiguous() or gate_up.shape[1] % 2:
+            raise ValueError("gate_up must be contiguous [T, 2 * intermediate]")
+        rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+        out = gate_up.new_empty(rows, width)
+        self._functions[("silu_mul", gate_up.dtype)](gate_up.data_ptr(), out.data_ptr(), rows, width, _threads())
+        return out
+
+    def rotary_store_kv(
+        self,
+        qkv: torch.Tensor,  # [T, (Hq + 2 Hkv) * D] rows: q heads, k heads, v heads; rotated in place
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        num_heads: int,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], each block contiguous
+        v_cache: torch.Tensor,
+        slot_blocks: torch.Tensor,  # [T] int64
+        slot_offsets: torch.Tensor,  # [T] int64
+    ) -> None:
+        rows = qkv.shape[0]
+        _, _, num_kv_heads, head_dim = k_cache.shape
+        if qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+            raise ValueError("qkv rows must hold the q, k and v heads contiguously")
+        if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (rows, head_dim)):
+            raise ValueError("cos and sin must be contiguous [T, head_dim]")
+        if k_cache.stride() != v_cache.stride() or not k_cache[0].is_contiguous():
+            raise ValueError("K and V blocks must be contiguous and laid out alike")
+        if not (qkv.dtype == cos.dtype == sin.dtype == k_cache.dtype == v_cache.dtype):
+            raise ValueError("qkv, cos, sin and the caches must share one dtype")
+        if slot_blocks.dtype != torch.int64 or slot_offsets.dtype != torch.int64 or len(slot_blocks) != rows:
+            raise ValueError("slot blocks and offsets must be int64, one per token")
+        self._functions[("rotary_store_kv", qkv.dtype)](
+            qkv.data_ptr(),
+            qkv.stride(0),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            rows,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.stride(0),
+            slot_blocks.data_ptr(),
+            slot_offsets.data_ptr(),
+            _threads(),
+        )
+
+
+def _check_rows(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() != 2 or not x.is_contiguous() or x.shape[1] != weight.shape[0] or x.dtype != weight.dtype:
+        raise ValueError(f"expected contiguous [T, {weight.shape[0]}] {weight.dtype} rows, got {x.dtype} {x.shape}")
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def load_layer_ops(cache_dir: Path) -> LayerOpsKernel | None:
+    """The kernel built for this machine (building it if needed), or None with a warning saying why."""
+    library = load_library(SOURCE, cache_dir, "the CPU's per-layer ops fall back to torch ops")
+    return LayerOpsKernel(library) if library is not None else None

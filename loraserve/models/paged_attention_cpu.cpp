@@ -15,6 +15,7 @@
 // Built by sgmv_kernels/build.py with the host compiler, no torch headers.
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -24,31 +25,180 @@ constexpr int kLanes = 16;
 
 #include "cpu_vectors.h"
 
-// q . k over head_dim, q already in float32.
-template <typename T>
-inline float dot(const float* q, const T* k, int64_t head_dim) {
-    const int64_t vectorized = head_dim / kLanes * kLanes;
-    Floats sum = {};
-    for (int64_t d = 0; d < vectorized; d += kLanes) sum += load_vector(q + d) * load_vector(k + d);
-    float total = lanes_sum(sum);
-    for (int64_t d = vectorized; d < head_dim; d++) total += q[d] * load(k[d]);
-    return total;
-}
-
-// acc += weight * v over head_dim.
-template <typename T>
-inline void add_scaled(float* acc, float weight, const T* v, int64_t head_dim) {
-    const int64_t vectorized = head_dim / kLanes * kLanes;
-    for (int64_t d = 0; d < vectorized; d += kLanes) {
-        const Floats sum = load_vector(acc + d) + weight * load_vector(v + d);
-        std::memcpy(acc + d, &sum, sizeof sum);
-    }
-    for (int64_t d = vectorized; d < head_dim; d++) acc[d] += weight * load(v[d]);
-}
-
 // Ask for every cache line of a block ahead of its use: blocks lie scattered in the pool.
 inline void prefetch_lines(const void* start, int64_t bytes) {
     for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
+}
+
+// Where one row's tokens lie in the cache, and the shapes every phase needs.
+template <typename T>
+struct RowCache {
+    const T* cache;  // k_cache or v_cache
+    int64_t block_stride, block_size, token_stride;
+    const int64_t* table;  // this row's block table
+    int64_t length;        // its context length
+    int64_t num_heads, num_kv_heads, head_dim;
+
+    const T* token(int64_t l) const { return cache + table[l / block_size] * block_stride + (l % block_size) * token_stride; }
+
+    // At the first token of each block, ask for the block two ahead (the first two at the start).
+    void prefetch_ahead(int64_t l) const {
+        const int64_t bytes = block_size * token_stride * int64_t(sizeof(T));
+        if (l == 0)
+            for (int64_t ahead = 0; ahead < 2 && ahead * block_size < length; ahead++)
+                prefetch_lines(cache + table[ahead] * block_stride, bytes);
+        if (l % block_size == 0 && l + 2 * block_size < length)
+            prefetch_lines(cache + table[l / block_size + 2] * block_stride, bytes);
+    }
+};
+
+// scores[head, l] = queries[head] . K[l, head / G], any head_dim: one dot product at a time.
+template <typename T>
+void score_keys(const RowCache<T>& keys, const float* queries, float* scores) {
+    const int64_t head_dim = keys.head_dim, per_kv_head = keys.num_heads / keys.num_kv_heads;
+    const int64_t vectorized = head_dim / kLanes * kLanes, length = keys.length;
+    for (int64_t l = 0; l < length; l++) {
+        keys.prefetch_ahead(l);
+        const T* token = keys.token(l);
+        for (int64_t head = 0; head < keys.num_heads; head++) {
+            const float* q = queries + head * head_dim;
+            const T* k = token + (head / per_kv_head) * head_dim;
+            Floats sum = {};
+            for (int64_t d = 0; d < vectorized; d += kLanes) sum += load_vector(q + d) * load_vector(k + d);
+            float total = lanes_sum(sum);
+            for (int64_t d = vectorized; d < head_dim; d++) total += q[d] * load(k[d]);
+            scores[head * length + l] = total;
+        }
+    }
+}
+
+// Sixteen vectors in, one out whose lane i is the sum of vector i's lanes: four rounds of
+// pairing halves (45 shuffles and adds for 16 sums, against ~10 per sum one at a time).
+inline Floats sum_each(Floats (&v)[kLanes]) {
+    static constexpr Ints kLow[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                                     {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                     {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+                                     {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+    int count = kLanes;
+    for (int round = 0; round < 4; round++) {
+        const Ints low = kLow[round], high = low + (8 >> round);
+        count /= 2;
+        for (int i = 0; i < count; i++)
+            v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], low) + __builtin_shuffle(v[2 * i], v[2 * i + 1], high);
+    }
+    return v[0];
+}
+
+// score_keys for head_dim = 16 V: each key is loaded once for its G query heads, and the
+// products of 16 tokens are summed together by sum_each.
+template <typename T, int V>
+void score_keys_blocked(const RowCache<T>& keys, const float* queries, float* scores) {
+    const int64_t num_heads = keys.num_heads, per_kv_head = num_heads / keys.num_kv_heads, length = keys.length;
+    thread_local std::vector<Floats> products;  // [num_heads][16]
+    products.resize(num_heads * kLanes);
+    for (int64_t first = 0; first < length; first += kLanes) {
+        const int64_t count = std::min<int64_t>(kLanes, length - first);
+        for (int64_t t = 0; t < kLanes; t++) {
+            if (t >= count) {
+                for (int64_t head = 0; head < num_heads; head++) products[head * kLanes + t] = Floats{};
+                continue;
+            }
+            keys.prefetch_ahead(first + t);
+            const T* token = keys.token(first + t);
+            for (int64_t kv_head = 0; kv_head < keys.num_kv_heads; kv_head++) {
+                Floats k[V];
+                for (int v = 0; v < V; v++) k[v] = load_vector(token + (kv_head * V + v) * kLanes);
+                for (int64_t head = kv_head * per_kv_head; head < (kv_head + 1) * per_kv_head; head++) {
+                    const float* q = queries + head * V * kLanes;
+                    Floats sum = load_vector(q) * k[0];
+                    for (int v = 1; v < V; v++) sum += load_vector(q + v * kLanes) * k[v];
+                    products[head * kLanes + t] = sum;
+                }
+            }
+        }
+        for (int64_t head = 0; head < num_heads; head++) {
+            Floats (&group)[kLanes] = *reinterpret_cast<Floats(*)[kLanes]>(&products[head * kLanes]);
+            const Floats sums = sum_each(group);
+            std::memcpy(scores + head * length + first, &sums, count * sizeof(float));
+        }
+    }
+}
+
+// sums[head] = sum over l of probs[head, l] * V[l, head / G], any shape: one head at a time.
+template <typename T>
+void sum_values(const RowCache<T>& values, const float* probs, float* sums) {
+    const int64_t head_dim = values.head_dim, per_kv_head = values.num_heads / values.num_kv_heads;
+    const int64_t vectorized = head_dim / kLanes * kLanes, length = values.length;
+    std::fill(sums, sums + values.num_heads * head_dim, 0.0f);
+    for (int64_t l = 0; l < length; l++) {
+        values.prefetch_ahead(l);
+        const T* token = values.token(l);
+        for (int64_t head = 0; head < values.num_heads; head++) {
+            float* acc = sums + head * head_dim;
+            const float weight = probs[head * length + l];
+            const T* v = token + (head / per_kv_head) * head_dim;
+            for (int64_t d = 0; d < vectorized; d += kLanes) {
+                const Floats sum = load_vector(acc + d) + weight * load_vector(v + d);
+                std::memcpy(acc + d, &sum, sizeof sum);
+            }
+            for (int64_t d = vectorized; d < head_dim; d++) acc[d] += weight * load(v[d]);
+        }
+    }
+}
+
+// sum_values for head_dim = 16 V and G query heads per KV head: the G heads' sums stay in
+// registers while a span of the row's values streams past, each value loaded once per KV head
+// (spans of 128 tokens, so the other KV heads find them in cache).
+template <typename T, int V, int G>
+void sum_values_blocked(const RowCache<T>& values, const float* probs, float* sums) {
+    constexpr int64_t kSpan = 128;
+    const int64_t length = values.length;
+    std::fill(sums, sums + values.num_heads * V * kLanes, 0.0f);
+    for (int64_t first = 0; first < length; first += kSpan) {
+        const int64_t last = std::min(first + kSpan, length);
+        for (int64_t kv_head = 0; kv_head < values.num_kv_heads; kv_head++) {
+            float* head_sums = sums + kv_head * G * V * kLanes;
+            Floats acc[G][V];
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < V; i++) acc[g][i] = load_vector(head_sums + (g * V + i) * kLanes);
+            const float* head_probs = probs + kv_head * G * length;
+            for (int64_t l = first; l < last; l++) {
+                if (kv_head == 0) values.prefetch_ahead(l);
+                const T* token = values.token(l) + kv_head * V * kLanes;
+                Floats v[V];
+                for (int i = 0; i < V; i++) v[i] = load_vector(token + i * kLanes);
+                for (int g = 0; g < G; g++)
+                    for (int i = 0; i < V; i++) acc[g][i] += head_probs[g * length + l] * v[i];
+            }
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < V; i++) store_vector(head_sums + (g * V + i) * kLanes, acc[g][i]);
+        }
+    }
+}
+
+template <typename T>
+struct Phases {
+    void (*score)(const RowCache<T>&, const float*, float*);
+    void (*sum)(const RowCache<T>&, const float*, float*);
+};
+
+template <typename T, int V, int G>
+Phases<T> blocked() {
+    return {score_keys_blocked<T, V>, sum_values_blocked<T, V, G>};
+}
+
+// The blocked phases for head_dim 64 or 128 with up to 8 query heads per KV head (every
+// common model), the general ones otherwise.
+template <typename T>
+Phases<T> phases_for(int64_t head_dim, int64_t per_kv_head) {
+    static const Phases<T> by_shape[2][8] = {
+        {blocked<T, 4, 1>(), blocked<T, 4, 2>(), blocked<T, 4, 3>(), blocked<T, 4, 4>(), blocked<T, 4, 5>(),
+         blocked<T, 4, 6>(), blocked<T, 4, 7>(), blocked<T, 4, 8>()},
+        {blocked<T, 8, 1>(), blocked<T, 8, 2>(), blocked<T, 8, 3>(), blocked<T, 8, 4>(), blocked<T, 8, 5>(),
+         blocked<T, 8, 6>(), blocked<T, 8, 7>(), blocked<T, 8, 8>()}};
+    if ((head_dim == 64 || head_dim == 128) && per_kv_head >= 1 && per_kv_head <= 8)
+        return by_shape[head_dim == 128][per_kv_head - 1];
+    return {score_keys<T>, sum_values<T>};
 }
 
 template <typename T>
@@ -56,8 +206,8 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
                             int64_t block_stride, const int64_t* block_tables, int64_t max_blocks,
                             const int64_t* context_lens, int64_t rows, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t block_size, float scale, T* out, int num_threads) {
-    const int64_t per_kv_head = num_heads / num_kv_heads, token_stride = num_kv_heads * head_dim;
-    const int64_t block_bytes = block_size * token_stride * int64_t(sizeof(T));
+    const int64_t token_stride = num_kv_heads * head_dim;
+    const Phases<T> phases = phases_for<T>(head_dim, num_heads / num_kv_heads);
 #pragma omp parallel num_threads(num_threads)
     {
         std::vector<float> queries(num_heads * head_dim), sums(num_heads * head_dim);
@@ -67,20 +217,11 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
         for (int64_t b = 0; b < rows; b++) {
             const int64_t length = context_lens[b];
             const int64_t* table = block_tables + b * max_blocks;
-            for (int64_t ahead = 0; ahead < 2 && ahead * block_size < length; ahead++)
-                prefetch_lines(k_cache + table[ahead] * block_stride, block_bytes);
             for (int64_t d = 0; d < num_heads * head_dim; d++)
                 queries[d] = load(q[b * q_row_stride + d]) * scale;
-            for (int64_t l = 0; l < length; l++) {
-                if (l % block_size == 0 && l + 2 * block_size < length)
-                    prefetch_lines(k_cache + table[l / block_size + 2] * block_stride, block_bytes);
-                const T* token = k_cache + table[l / block_size] * block_stride + (l % block_size) * token_stride;
-                for (int64_t head = 0; head < num_heads; head++)
-                    scores[head * length + l] =
-                        dot(queries.data() + head * head_dim, token + (head / per_kv_head) * head_dim, head_dim);
-            }
-            for (int64_t ahead = 0; ahead < 2 && ahead * block_size < length; ahead++)
-                prefetch_lines(v_cache + table[ahead] * block_stride, block_bytes);
+            const RowCache<T> keys{k_cache, block_stride, block_size, token_stride, table, length,
+                                   num_heads, num_kv_heads, head_dim};
+            phases.score(keys, queries.data(), scores.data());
             for (int64_t head = 0; head < num_heads; head++) {
                 float* row = scores.data() + head * length;
                 float highest = row[0];
@@ -99,15 +240,9 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
                 const float inverse = 1.0f / total;
                 for (int64_t l = 0; l < length; l++) row[l] *= inverse;
             }
-            std::fill(sums.begin(), sums.end(), 0.0f);
-            for (int64_t l = 0; l < length; l++) {
-                if (l % block_size == 0 && l + 2 * block_size < length)
-                    prefetch_lines(v_cache + table[l / block_size + 2] * block_stride, block_bytes);
-                const T* token = v_cache + table[l / block_size] * block_stride + (l % block_size) * token_stride;
-                for (int64_t head = 0; head < num_heads; head++)
-                    add_scaled(sums.data() + head * head_dim, scores[head * length + l],
-                               token + (head / per_kv_head) * head_dim, head_dim);
-            }
+            RowCache<T> values = keys;
+            values.cache = v_cache;
+            phases.sum(values, scores.data(), sums.data());
             for (int64_t d = 0; d < num_heads * head_dim; d++) store(out + b * num_heads * head_dim + d, sums[d]);
         }
     }

@@ -47,13 +47,16 @@ def test_decode_attention_equals_sdpa(num_heads: int, num_kv_heads: int, dtype: 
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 128), (8, 2, 40)])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 128), (16, 2, 128), (8, 2, 40), (16, 1, 64)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_kernel_reads_the_paged_cache_as_sdpa_reads_gathered_blocks(
     kernel, num_heads, num_kv_heads, head_dim, dtype
 ):
     """Blocks scattered over a page-major pool (a layer's blocks a page apart), contexts from one
-    token to several blocks; head_dim 40 leaves a tail past the vector length."""
+    token to several blocks. head_dim 64 and 128 with up to 8 query heads per KV head take the
+    blocked path; head_dim 40 (a tail past the vector length) and 16 heads per KV head the general one."""
     generator = torch.Generator().manual_seed(num_heads + head_dim)
     num_blocks, block_size, layers = 40, 16, 3
     pool = torch.randn(num_blocks, 2, layers, block_size, num_kv_heads, head_dim, generator=generator).to(dtype)

@@ -20,6 +20,8 @@
 #include <cstring>
 #include <vector>
 
+#include <omp.h>
+
 namespace {
 
 constexpr int kChunkRows = 8;
@@ -42,6 +44,46 @@ inline void prefetch_lines(const void* start, int64_t bytes) {
     for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
 }
 
+// The chunk this thread takes next: its adapter's A and B^T rows, asked for a few cache lines
+// per A row of the current chunk, so the next chunk starts with its weights on their way
+// instead of waiting on memory (each chunk's rows lie elsewhere in the pool).
+template <typename T>
+struct UpcomingChunk {
+    const T* pool;
+    const int64_t *a_rows, *b_rows;  // [projections, slots, max_rank]
+    const int32_t* ranks;            // [projections, slots]
+    const int64_t* widths;
+    int64_t num_slots, max_rank, in_features, num_projections, slot;
+    int64_t lines_per_call = 0;
+    int64_t projection = 0, k = 0, line = 0;  // the cursor: row k of A (then of B^T) of projection
+    bool in_b = false;
+
+    int64_t row_lines(int64_t j, bool b) const { return ((b ? widths[j] : in_features) * int64_t(sizeof(T)) + 63) / 64; }
+
+    int64_t total_lines() const {
+        int64_t total = 0;
+        for (int64_t j = 0; j < num_projections; j++)
+            total += ranks[j * num_slots + slot] * (row_lines(j, false) + row_lines(j, true));
+        return total;
+    }
+
+    void fetch() {
+        for (int64_t n = 0; n < lines_per_call && projection < num_projections;) {
+            const int64_t table = projection * num_slots + slot;
+            if (k >= ranks[table]) {
+                projection += in_b;
+                in_b = !in_b;
+                k = 0;
+                continue;
+            }
+            const int64_t row = (in_b ? b_rows : a_rows)[table * max_rank + k];
+            __builtin_prefetch(reinterpret_cast<const char*>(pool + row) + line * 64);
+            n++;
+            if (++line == row_lines(projection, in_b)) line = 0, k++;
+        }
+    }
+};
+
 // Independent sums to keep in flight: an FMA waits ~4 cycles for the previous one into the
 // same register, and two FMA units want ~8 chains busy. Fewer rows, more chains per row.
 template <int ROWS>
@@ -52,11 +94,12 @@ constexpr int chains_per_row() {
 // y[i * max_rank + k] = xs[i] . A[k] for the chunk's ROWS rows (xs: float32, in_features apart).
 template <int ROWS, typename T>
 void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* a_rows, int rank, float* y,
-            int64_t max_rank, const int64_t* b_rows, int64_t width) {
+            int64_t max_rank, const int64_t* b_rows, int64_t width, UpcomingChunk<T>* upcoming) {
     constexpr int kChains = chains_per_row<ROWS>();
     const int64_t unrolled = in_features / (kLanes * kChains) * (kLanes * kChains);
     const int64_t vectorized = in_features / kLanes * kLanes;
     for (int k = 0; k < rank; k++) {
+        if (upcoming != nullptr) upcoming->fetch();
         const T* a = pool + a_rows[k];
         // While this row is read, fetch the next one, a line at a time.
         const char* ahead = reinterpret_cast<const char*>(pool + a_rows[k + 1 < rank ? k + 1 : k]);
@@ -132,7 +175,7 @@ template <int ROWS, typename T>
 void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, const int64_t* a_rows,
            const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
            const int64_t* widths, int64_t num_projections, const int64_t* rows, int32_t slot, T* out,
-           int64_t out_stride, float* xs, float* y) {
+           int64_t out_stride, float* xs, float* y, UpcomingChunk<T>* upcoming) {
     for (int i = 0; i < ROWS; i++) load_row(x + rows[i] * x_stride, in_features, xs + i * in_features);
     T* targets[ROWS];
     for (int i = 0; i < ROWS; i++) targets[i] = out + rows[i] * out_stride;
@@ -141,7 +184,7 @@ void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, con
         const int rank = ranks[table];
         if (rank > 0) {
             shrink<ROWS>(xs, in_features, pool, a_rows + table * max_rank, rank, y, max_rank, b_rows + table * max_rank,
-                         widths[j]);
+                         widths[j], upcoming);
             expand<ROWS>(y, max_rank, pool, b_rows + table * max_rank, rank, scales[table], targets, widths[j]);
         }
         for (int i = 0; i < ROWS; i++) targets[i] += widths[j];
@@ -160,15 +203,22 @@ void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, 
 #pragma omp parallel num_threads(num_threads)
     {
         std::vector<float> xs(kChunkRows * in_features), y(kChunkRows * max_rank);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t c = 0; c < num_chunks; c++) {
+        // Each thread takes a contiguous share of the chunks, so it knows which comes next.
+        const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+        const int64_t begin = num_chunks * thread / threads, end = num_chunks * (thread + 1) / threads;
+        for (int64_t c = begin; c < end; c++) {
             const int32_t first = chunks[3 * c], rows = chunks[3 * c + 1] - first, slot = chunks[3 * c + 2];
+            UpcomingChunk<T> next{pool, a_rows, b_rows, ranks, widths, num_slots, max_rank, in_features, num_projections,
+                                  c + 1 < end ? chunks[3 * (c + 1) + 2] : 0};
+            int64_t rank_rows = 0;
+            for (int64_t j = 0; j < num_projections; j++) rank_rows += ranks[j * num_slots + slot];
+            if (c + 1 < end && rank_rows > 0) next.lines_per_call = (next.total_lines() + rank_rows - 1) / rank_rows;
             // One instance per row count: the per-row partial sums then live in registers.
             switch (rows) {
 #define LORA_CHUNK(ROWS)                                                                                          \
     case ROWS:                                                                                                    \
         chunk<ROWS>(x, x_stride, in_features, pool, a_rows, b_rows, ranks, scales, num_slots, max_rank, widths, \
-                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data());                 \
+                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data(), &next);         \
         break;
                 LORA_CHUNK(1) LORA_CHUNK(2) LORA_CHUNK(3) LORA_CHUNK(4)
                 LORA_CHUNK(5) LORA_CHUNK(6) LORA_CHUNK(7) LORA_CHUNK(8)

@@ -19,6 +19,8 @@
 #include <cstring>
 #include <vector>
 
+#include <omp.h>
+
 namespace {
 
 constexpr int kLanes = 16;
@@ -30,6 +32,29 @@ inline void prefetch_lines(const void* start, int64_t bytes) {
     for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
 }
 
+// The next row's K and V blocks, asked for a few cache lines per token of the current row:
+// the next row then starts with its context on its way instead of waiting on memory block
+// by block (blocks lie scattered, so the hardware prefetchers cannot guess them).
+template <typename T>
+struct UpcomingRow {
+    const T* k_cache;
+    const T* v_cache;
+    int64_t block_stride, lines_per_block;
+    const int64_t* table;
+    int64_t num_blocks;
+    int64_t lines_per_token;  // set so that the whole row is asked for over the current row's tokens
+    int64_t next_line = 0;
+
+    void fetch() {
+        const int64_t total = 2 * num_blocks * lines_per_block;
+        for (int64_t n = 0; n < lines_per_token && next_line < total; n++, next_line++) {
+            const int64_t block = next_line / lines_per_block % num_blocks, line = next_line % lines_per_block;
+            const T* cache = next_line < num_blocks * lines_per_block ? k_cache : v_cache;
+            __builtin_prefetch(reinterpret_cast<const char*>(cache + table[block] * block_stride) + line * 64);
+        }
+    }
+};
+
 // Where one row's tokens lie in the cache, and the shapes every phase needs.
 template <typename T>
 struct RowCache {
@@ -38,11 +63,13 @@ struct RowCache {
     const int64_t* table;  // this row's block table
     int64_t length;        // its context length
     int64_t num_heads, num_kv_heads, head_dim;
+    UpcomingRow<T>* upcoming;  // the row this thread takes next, or null
 
     const T* token(int64_t l) const { return cache + table[l / block_size] * block_stride + (l % block_size) * token_stride; }
 
     // At the first token of each block, ask for the block two ahead (the first two at the start).
     void prefetch_ahead(int64_t l) const {
+        if (upcoming != nullptr) upcoming->fetch();
         const int64_t bytes = block_size * token_stride * int64_t(sizeof(T));
         if (l == 0)
             for (int64_t ahead = 0; ahead < 2 && ahead * block_size < length; ahead++)
@@ -212,15 +239,24 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
     {
         std::vector<float> queries(num_heads * head_dim), sums(num_heads * head_dim);
         std::vector<float> scores(num_heads * max_blocks * block_size);
-        // One row per item, all of its heads: each of its blocks is read once, as a whole.
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t b = 0; b < rows; b++) {
+        // One row at a time, all of its heads: each of its blocks is read once, as a whole.
+        // Each thread takes a contiguous share of the rows, so it knows which row comes next.
+        const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
+        const int64_t begin = rows * thread / threads, end = rows * (thread + 1) / threads;
+        const int64_t block_bytes = block_size * token_stride * int64_t(sizeof(T));
+        for (int64_t b = begin; b < end; b++) {
             const int64_t length = context_lens[b];
             const int64_t* table = block_tables + b * max_blocks;
+            UpcomingRow<T> upcoming{k_cache, v_cache, block_stride, block_bytes / 64, nullptr, 0, 0};
+            if (b + 1 < end) {
+                upcoming.table = block_tables + (b + 1) * max_blocks;
+                upcoming.num_blocks = (context_lens[b + 1] + block_size - 1) / block_size;
+                upcoming.lines_per_token = (2 * upcoming.num_blocks * upcoming.lines_per_block + 2 * length - 1) / (2 * length);
+            }
             for (int64_t d = 0; d < num_heads * head_dim; d++)
                 queries[d] = load(q[b * q_row_stride + d]) * scale;
             const RowCache<T> keys{k_cache, block_stride, block_size, token_stride, table, length,
-                                   num_heads, num_kv_heads, head_dim};
+                                   num_heads, num_kv_heads, head_dim, &upcoming};
             phases.score(keys, queries.data(), scores.data());
             for (int64_t head = 0; head < num_heads; head++) {
                 float* row = scores.data() + head * length;

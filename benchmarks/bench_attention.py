@@ -13,14 +13,12 @@ kernel reads the blocks where they lie. Microseconds per layer call, median of 3
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from benchmarks.timing import median_microseconds
 from loraserve.config import default_cache_dir
 from loraserve.models.attention import decode_attention
 from loraserve.models.cpu_attention import load_decode_kernel
@@ -43,16 +41,6 @@ def sdpa(queries, k_cache, v_cache, tables, bias, scale):
 
 def matmuls(queries, k_cache, v_cache, tables, bias, scale):
     return decode_attention(queries, gathered(k_cache, tables), gathered(v_cache, tables), bias, scale)
-
-
-def microseconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e6
 
 
 def main() -> None:
@@ -79,12 +67,12 @@ def main() -> None:
                 bias[..., context - BLOCK_SIZE // 2 :] = float("-inf")  # the last block half filled
                 lens = torch.full((batch,), context - BLOCK_SIZE // 2)
                 inputs = (queries, k_cache, v_cache, tables, bias, scale)
-                reference = microseconds(lambda inputs=inputs: sdpa(*inputs), repeats)
-                ours = microseconds(lambda inputs=inputs: matmuls(*inputs), repeats)
+                reference = median_microseconds(lambda inputs=inputs: sdpa(*inputs), repeats)
+                ours = median_microseconds(lambda inputs=inputs: matmuls(*inputs), repeats)
                 compiled = float("nan")
                 if kernel is not None:
                     call = (queries, k_cache, v_cache, tables, lens, scale)
-                    compiled = microseconds(lambda call=call: kernel(*call), repeats)
+                    compiled = median_microseconds(lambda call=call: kernel(*call), repeats)
                 name = str(dtype).removeprefix("torch.")
                 rows.append(
                     f"| {name} | {batch} | {context} | {reference:.0f} | {ours:.0f} | {compiled:.0f} "

@@ -13,12 +13,12 @@ median of 30 calls.
 
 from __future__ import annotations
 
-import statistics
-import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
 
+from benchmarks.timing import median_microseconds
 from loraserve.config import default_cache_dir
 from sgmv_kernels import PooledLora, gather_rows, pool_from_dense, sgmv_expand_reference, sgmv_shrink_reference
 from sgmv_kernels.cpu import RowGroups, bgmv_expand_gathered, bgmv_shrink_gathered, grouped_lora
@@ -64,22 +64,13 @@ def grouped(x, w: PooledLora, row_slots, out, stacks=None):
     grouped_lora(x, a, [b], scales, groups, out)
 
 
-def compiled(kernel: LoraKernel, x, w: PooledLora, lengths, slots, out):
+def compiled(kernel: LoraKernel, x, w: PooledLora, lengths, slots, out) -> Callable[[], None]:
+    """The kernel's call, its row chunks and tables built beforehand (once per step in the engine)."""
     group = ProjectionGroup(
         w.pool, w.a_rows[None], w.b_rows[None], w.ranks[None], w.scales[None], torch.tensor([out.shape[1]]),
         in_features=x.shape[1], out_features=out.shape[1],
     )  # fmt: skip
-    kernel.add(x, group, RowChunks.of_segments(lengths, slots), out)
-
-
-def timed(fn, repeats: int = 30) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e6
+    return partial(kernel.add, x, group, RowChunks.of_segments(lengths, slots), out)
 
 
 def main() -> None:
@@ -102,14 +93,16 @@ def main() -> None:
             indptr = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
             seg_slots = row_slots[indptr[:-1].long()]
             results = {
-                "compiled kernel": timed(partial(compiled, kernel, x, pooled, lengths, seg_slots.tolist(), out))
-                if kernel
-                else float("nan"),
-                "per-segment loop": timed(partial(per_segment_loop, x, pooled, indptr, seg_slots, out)),
-                "gather + bmm": timed(partial(gather_bmm, x, pooled, row_slots, out)),
-                "per-adapter loop": timed(partial(per_adapter_loop, x, pooled, row_slots, out)),
-                "grouped, stacks gathered": timed(partial(grouped, x, pooled, row_slots, out)),
-                "grouped, stacks reused": timed(
+                "compiled kernel": (
+                    median_microseconds(compiled(kernel, x, pooled, lengths, seg_slots.tolist(), out))
+                    if kernel
+                    else float("nan")
+                ),
+                "per-segment loop": median_microseconds(partial(per_segment_loop, x, pooled, indptr, seg_slots, out)),
+                "gather + bmm": median_microseconds(partial(gather_bmm, x, pooled, row_slots, out)),
+                "per-adapter loop": median_microseconds(partial(per_adapter_loop, x, pooled, row_slots, out)),
+                "grouped, stacks gathered": median_microseconds(partial(grouped, x, pooled, row_slots, out)),
+                "grouped, stacks reused": median_microseconds(
                     partial(grouped, x, pooled, row_slots, out, grouped_stacks(pooled, row_slots, h_in, h_out))
                 ),
             }

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.kernel_time import kernel_ms
 from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
 from benchmarks.workloads import prompt_token_ids
@@ -26,8 +27,6 @@ from loraserve import SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel, load_model
-from loraserve.models.cpu_attention import DecodeAttentionKernel
-from sgmv_kernels.native import LoraKernel
 
 SECTION = "lora-step-profile"
 
@@ -65,36 +64,6 @@ def alternating_step_ms(engines: dict[int, LLMEngine], steps: int, rounds: int =
                 engine.step()
                 samples[count].append((time.perf_counter() - start) * 1e3)
     return {count: statistics.median(values) for count, values in samples.items()}
-
-
-def kernel_ms(engine: LLMEngine, steps: int) -> dict[str, float]:
-    """ms per step inside each compiled CPU kernel (not torch ops, so the profiler cannot see them)."""
-    spent = {"multi-LoRA kernel": 0.0, "decode attention kernel": 0.0}
-    originals = {
-        "multi-LoRA kernel": (LoraKernel, "add"),
-        "decode attention kernel": (DecodeAttentionKernel, "__call__"),
-    }
-
-    def timed(name: str, function):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                spent[name] += time.perf_counter() - start
-
-        return wrapper
-
-    saved = {name: getattr(owner, attribute) for name, (owner, attribute) in originals.items()}
-    try:
-        for name, (owner, attribute) in originals.items():
-            setattr(owner, attribute, timed(name, saved[name]))
-        for _ in range(steps):
-            engine.step()
-    finally:
-        for name, (owner, attribute) in originals.items():
-            setattr(owner, attribute, saved[name])
-    return {name: seconds * 1e3 / steps for name, seconds in spent.items()}
 
 
 def top_ops(engine: LLMEngine, steps: int, count: int) -> list[tuple[str, float, int]]:

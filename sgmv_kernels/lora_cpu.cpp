@@ -55,15 +55,16 @@ struct UpcomingChunk {
     const int64_t* widths;
     int64_t num_slots, max_rank, in_features, num_projections, slot;
     int64_t lines_per_call = 0;
-    int64_t projection = 0, k = 0, line = 0;  // the cursor: row k of A (then of B^T) of projection
+    // The cursor: line `line` of row k of A (then of B^T) of `projection`, whose rows have row_lines lines.
+    int64_t projection = 0, k = 0, line = 0, row_lines = 0;
     bool in_b = false;
 
-    int64_t row_lines(int64_t j, bool b) const { return ((b ? widths[j] : in_features) * int64_t(sizeof(T)) + 63) / 64; }
+    static int64_t lines_of(int64_t elements) { return (elements * int64_t(sizeof(T)) + 63) / 64; }
 
     int64_t total_lines() const {
         int64_t total = 0;
         for (int64_t j = 0; j < num_projections; j++)
-            total += ranks[j * num_slots + slot] * (row_lines(j, false) + row_lines(j, true));
+            total += ranks[j * num_slots + slot] * (lines_of(in_features) + lines_of(widths[j]));
         return total;
     }
 
@@ -76,10 +77,11 @@ struct UpcomingChunk {
                 k = 0;
                 continue;
             }
+            if (line == 0) row_lines = lines_of(in_b ? widths[projection] : in_features);
             const int64_t row = (in_b ? b_rows : a_rows)[table * max_rank + k];
             __builtin_prefetch(reinterpret_cast<const char*>(pool + row) + line * 64);
             n++;
-            if (++line == row_lines(projection, in_b)) line = 0, k++;
+            if (++line == row_lines) line = 0, k++;
         }
     }
 };

@@ -43,14 +43,14 @@ struct UpcomingRow {
     const int64_t* table;
     int64_t num_blocks;
     int64_t lines_per_token;  // set so that the whole row is asked for over the current row's tokens
-    int64_t next_line = 0;
+    int64_t block = 0, line = 0;  // the cursor: K's blocks, then V's (block num_blocks .. 2 num_blocks - 1)
 
     void fetch() {
-        const int64_t total = 2 * num_blocks * lines_per_block;
-        for (int64_t n = 0; n < lines_per_token && next_line < total; n++, next_line++) {
-            const int64_t block = next_line / lines_per_block % num_blocks, line = next_line % lines_per_block;
-            const T* cache = next_line < num_blocks * lines_per_block ? k_cache : v_cache;
-            __builtin_prefetch(reinterpret_cast<const char*>(cache + table[block] * block_stride) + line * 64);
+        for (int64_t n = 0; n < lines_per_token && block < 2 * num_blocks; n++) {
+            const T* cache = block < num_blocks ? k_cache + table[block] * block_stride
+                                                : v_cache + table[block - num_blocks] * block_stride;
+            __builtin_prefetch(reinterpret_cast<const char*>(cache) + line * 64);
+            if (++line == lines_per_block) line = 0, block++;
         }
     }
 };

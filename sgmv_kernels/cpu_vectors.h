@@ -1,6 +1,6 @@
 // Shared by the CPU kernels (sgmv_kernels/lora_cpu.cpp, loraserve/models/*_cpu.cpp): bfloat16
-// and float32 loads and stores, one element or one vector at a time, a vector's lane sum, and e^x
-// for x <= 0.
+// and float32 loads and stores, one element or one vector at a time, a vector's lane sum, e^x
+// for x <= 0, prefetching, and each OpenMP thread's share of the work.
 // Include inside the kernel's anonymous namespace after defining kLanes.
 struct BFloat16 {
     uint16_t bits;
@@ -93,4 +93,18 @@ inline Floats exp_nonpositive(Floats x) {
     Floats scale;
     std::memcpy(&scale, &exponent, sizeof scale);
     return below ? Floats{} : p * scale;
+}
+
+// Ask for every cache line of [start, start + bytes) ahead of its use.
+inline void prefetch_lines(const void* start, int64_t bytes) {
+    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
+}
+
+// Items [begin, end) of `count` for thread `thread` of `threads`: contiguous shares, so each
+// thread knows which item it takes next (and can ask for that item's data early).
+struct Share {
+    int64_t begin, end;
+};
+inline Share thread_share(int64_t count, int64_t thread, int64_t threads) {
+    return {count * thread / threads, count * (thread + 1) / threads};
 }

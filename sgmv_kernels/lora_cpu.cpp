@@ -39,11 +39,6 @@ inline void load_row(const T* source, int64_t length, float* target) {
 }
 
 
-// Ask for every cache line of [start, start + bytes) ahead of its use.
-inline void prefetch_lines(const void* start, int64_t bytes) {
-    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
-}
-
 // The chunk this thread takes next: its adapter's A and B^T rows, asked for a few cache lines
 // per A row of the current chunk, so the next chunk starts with its weights on their way
 // instead of waiting on memory (each chunk's rows lie elsewhere in the pool).
@@ -96,12 +91,12 @@ constexpr int chains_per_row() {
 // y[i * max_rank + k] = xs[i] . A[k] for the chunk's ROWS rows (xs: float32, in_features apart).
 template <int ROWS, typename T>
 void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* a_rows, int rank, float* y,
-            int64_t max_rank, const int64_t* b_rows, int64_t width, UpcomingChunk<T>* upcoming) {
+            int64_t max_rank, const int64_t* b_rows, int64_t width, UpcomingChunk<T>& upcoming) {
     constexpr int kChains = chains_per_row<ROWS>();
     const int64_t unrolled = in_features / (kLanes * kChains) * (kLanes * kChains);
     const int64_t vectorized = in_features / kLanes * kLanes;
     for (int k = 0; k < rank; k++) {
-        if (upcoming != nullptr) upcoming->fetch();
+        upcoming.fetch();
         const T* a = pool + a_rows[k];
         // While this row is read, fetch the next one, a line at a time.
         const char* ahead = reinterpret_cast<const char*>(pool + a_rows[k + 1 < rank ? k + 1 : k]);
@@ -177,7 +172,7 @@ template <int ROWS, typename T>
 void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, const int64_t* a_rows,
            const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
            const int64_t* widths, int64_t num_projections, const int64_t* rows, int32_t slot, T* out,
-           int64_t out_stride, float* xs, float* y, UpcomingChunk<T>* upcoming) {
+           int64_t out_stride, float* xs, float* y, UpcomingChunk<T>& upcoming) {
     for (int i = 0; i < ROWS; i++) load_row(x + rows[i] * x_stride, in_features, xs + i * in_features);
     T* targets[ROWS];
     for (int i = 0; i < ROWS; i++) targets[i] = out + rows[i] * out_stride;
@@ -206,8 +201,7 @@ void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, 
     {
         std::vector<float> xs(kChunkRows * in_features), y(kChunkRows * max_rank);
         // Each thread takes a contiguous share of the chunks, so it knows which comes next.
-        const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
-        const int64_t begin = num_chunks * thread / threads, end = num_chunks * (thread + 1) / threads;
+        const auto [begin, end] = thread_share(num_chunks, omp_get_thread_num(), omp_get_num_threads());
         for (int64_t c = begin; c < end; c++) {
             const int32_t first = chunks[3 * c], rows = chunks[3 * c + 1] - first, slot = chunks[3 * c + 2];
             UpcomingChunk<T> next{pool, a_rows, b_rows, ranks, widths, num_slots, max_rank, in_features, num_projections,
@@ -220,7 +214,7 @@ void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, 
 #define LORA_CHUNK(ROWS)                                                                                          \
     case ROWS:                                                                                                    \
         chunk<ROWS>(x, x_stride, in_features, pool, a_rows, b_rows, ranks, scales, num_slots, max_rank, widths, \
-                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data(), &next);         \
+                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data(), next);         \
         break;
                 LORA_CHUNK(1) LORA_CHUNK(2) LORA_CHUNK(3) LORA_CHUNK(4)
                 LORA_CHUNK(5) LORA_CHUNK(6) LORA_CHUNK(7) LORA_CHUNK(8)

@@ -52,8 +52,9 @@ class LayerOpsKernel:
             delta_pointer = x.data_ptr()
         out = torch.empty_like(residual)
         rows, hidden = residual.shape
+        threads = torch.get_num_threads()
         self._functions[("add_rms_norm", x.dtype)](
-            delta_pointer, residual.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, hidden, eps, _threads()
+            delta_pointer, residual.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, hidden, eps, threads
         )
         return out, residual
 
@@ -63,7 +64,8 @@ class LayerOpsKernel:
             raise ValueError("gate_up must be contiguous [T, 2 * intermediate]")
         rows, width = gate_up.shape[0], gate_up.shape[1] // 2
         out = gate_up.new_empty(rows, width)
-        self._functions[("silu_mul", gate_up.dtype)](gate_up.data_ptr(), out.data_ptr(), rows, width, _threads())
+        threads = torch.get_num_threads()
+        self._functions[("silu_mul", gate_up.dtype)](gate_up.data_ptr(), out.data_ptr(), rows, width, threads)
         return out
 
     def rotary_store_kv(
@@ -103,17 +105,13 @@ class LayerOpsKernel:
             k_cache.stride(0),
             slot_blocks.data_ptr(),
             slot_offsets.data_ptr(),
-            _threads(),
+            torch.get_num_threads(),
         )
 
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor) -> None:
     if x.dim() != 2 or not x.is_contiguous() or x.shape[1] != weight.shape[0] or x.dtype != weight.dtype:
         raise ValueError(f"expected contiguous [T, {weight.shape[0]}] {weight.dtype} rows, got {x.dtype} {x.shape}")
-
-
-def _threads() -> int:
-    return torch.get_num_threads()
 
 
 def load_layer_ops(cache_dir: Path) -> LayerOpsKernel | None:

@@ -13,9 +13,9 @@
 // Math in float32; rows spread over the OpenMP threads (the libgomp team torch uses).
 //
 // Built by sgmv_kernels/build.py with the host compiler, no torch headers.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -26,11 +26,6 @@ namespace {
 constexpr int kLanes = 16;
 
 #include "cpu_vectors.h"
-
-// Ask for every cache line of a block ahead of its use: blocks lie scattered in the pool.
-inline void prefetch_lines(const void* start, int64_t bytes) {
-    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
-}
 
 // The next row's K and V blocks, asked for a few cache lines per token of the current row:
 // the next row then starts with its context on its way instead of waiting on memory block
@@ -63,13 +58,13 @@ struct RowCache {
     const int64_t* table;  // this row's block table
     int64_t length;        // its context length
     int64_t num_heads, num_kv_heads, head_dim;
-    UpcomingRow<T>* upcoming;  // the row this thread takes next, or null
+    UpcomingRow<T>* upcoming;  // the row this thread takes next (nothing to fetch after its last)
 
     const T* token(int64_t l) const { return cache + table[l / block_size] * block_stride + (l % block_size) * token_stride; }
 
     // At the first token of each block, ask for the block two ahead (the first two at the start).
     void prefetch_ahead(int64_t l) const {
-        if (upcoming != nullptr) upcoming->fetch();
+        upcoming->fetch();
         const int64_t bytes = block_size * token_stride * int64_t(sizeof(T));
         if (l == 0)
             for (int64_t ahead = 0; ahead < 2 && ahead * block_size < length; ahead++)
@@ -241,8 +236,7 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
         std::vector<float> scores(num_heads * max_blocks * block_size);
         // One row at a time, all of its heads: each of its blocks is read once, as a whole.
         // Each thread takes a contiguous share of the rows, so it knows which row comes next.
-        const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
-        const int64_t begin = rows * thread / threads, end = rows * (thread + 1) / threads;
+        const auto [begin, end] = thread_share(rows, omp_get_thread_num(), omp_get_num_threads());
         const int64_t block_bytes = block_size * token_stride * int64_t(sizeof(T));
         for (int64_t b = begin; b < end; b++) {
             const int64_t length = context_lens[b];

@@ -54,6 +54,7 @@ def run_loraserve(loaded: LoadedModel, prompts, adapters, max_tokens: int, paths
             llm.add_adapter(f"adapter-{i}", path)
         # Resident first, as peft's adapters are: loading them from disk is not what is measured.
         llm.generate(prompts, SamplingParams(max_tokens=1), adapters=adapters, use_tqdm=False)
+        llm.reset_prefix_cache()  # the warm-up computed these prompts: the timed run computes them again
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         start = time.perf_counter()
         llm.generate(prompts, params, adapters=adapters, use_tqdm=False)

@@ -158,7 +158,7 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
         f"(`max_num_seqs` = {args.requests}). Adapters: ranks 8 and 16 alternating, all seven projections, "
         f'assigned `{args.rule}` ("lora-1": every request names the same adapter). Base weights: `{base.path.name}`. '
         "Output tokens/s, median of the runs (min-max); each system in its own process and environment, "
-        "warmed up on every workload first.",
+        "warmed up on every workload first; loraserve and vLLM empty their prefix caches before each run.",
         "",
         "| system | version | runs | " + " | ".join(heads) + f" | {top} / base |",
         "|---|---|---:|" + "---:|" * len(names) + "---:|",

@@ -35,6 +35,10 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "--pool-memory-fraction", type=float, default=None,
         help="size the pool as this fraction of the device's free memory instead (e.g. 0.8 on a GPU)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-prefix-caching", dest="prefix_caching", action="store_false",
+        help="compute every prompt in full instead of reusing the KV blocks of prefixes computed before",
+    )  # fmt: skip
     parser.add_argument("--max-loras", type=int, default=8, help="adapters on the device at once (distinct per step)")
     parser.add_argument("--max-lora-rank", type=int, default=16, help="adapters of a higher rank are refused")
     parser.add_argument(
@@ -46,7 +50,11 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device),
-        cache=CacheConfig(pool_memory=args.pool_memory, pool_memory_fraction=args.pool_memory_fraction),
+        cache=CacheConfig(
+            pool_memory=args.pool_memory,
+            pool_memory_fraction=args.pool_memory_fraction,
+            prefix_caching=args.prefix_caching,
+        ),
         scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
         lora=LoraConfig(
             max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, host_cache_bytes=args.host_cache_bytes

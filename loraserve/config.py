@@ -50,6 +50,7 @@ class CacheConfig:
     pool_memory: int = 2 << 30  # bytes for the pool: K and V of every layer, and loaded adapters
     pool_memory_fraction: float | None = None  # of the device's free memory; overrides pool_memory
     num_pages: int | None = None  # overrides both when set (tests, tuning)
+    prefix_caching: bool = True  # reuse the KV blocks of prompts' common prefixes (engine/prefix_cache.py)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

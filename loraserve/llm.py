@@ -33,6 +33,7 @@ class LLM:
         pool_memory: int = 2 << 30,
         num_pages: int | None = None,
         block_size: int = 16,
+        prefix_caching: bool = True,
         max_loras: int = 8,
         max_lora_rank: int = 16,
         seed: int = 0,
@@ -42,7 +43,9 @@ class LLM:
             model=ModelConfig(
                 model=model, dtype=dtype, device=device, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir()
             ),
-            cache=CacheConfig(block_size=block_size, pool_memory=pool_memory, num_pages=num_pages),
+            cache=CacheConfig(
+                block_size=block_size, pool_memory=pool_memory, num_pages=num_pages, prefix_caching=prefix_caching
+            ),
             scheduler=SchedulerConfig(
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
             ),
@@ -73,6 +76,10 @@ class LLM:
 
     def remove_adapter(self, name: str) -> None:
         self.engine.remove_adapter(name)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt prefix (to time prompts computed in full, for example)."""
+        self.engine.reset_prefix_cache()
 
     def generate(
         self,

@@ -62,10 +62,12 @@ EngineFactory = Callable[..., LLM]
 def make_llm(loaded_model: LoadedModel) -> EngineFactory:
     """An `LLM` over the shared float32 model with its own KV cache and scheduler settings."""
 
-    def make(num_pages: int = 512, max_loras: int = 0, max_lora_rank: int = 16, **scheduler: int) -> LLM:
+    def make(
+        num_pages: int = 512, max_loras: int = 0, max_lora_rank: int = 16, prefix_caching: bool = True, **scheduler: int
+    ) -> LLM:
         config = EngineConfig(
             model=ModelConfig(dtype="float32"),
-            cache=CacheConfig(num_pages=num_pages),
+            cache=CacheConfig(num_pages=num_pages, prefix_caching=prefix_caching),
             scheduler=dataclasses.replace(SchedulerConfig(), **scheduler),
             lora=LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank),
         )

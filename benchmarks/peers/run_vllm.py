@@ -33,6 +33,7 @@ def setup(job: Job) -> tuple[Generate, str]:
     def generate(workload: JobWorkload) -> list[list[int]]:
         if not enable_lora and any(a is not None for a in workload.adapters):
             raise RuntimeError(f"{workload.name} names adapters but this engine runs without LoRA")
+        llm.reset_prefix_cache()  # every timed run computes its prompts, as the first one did
         prompts = [TokensPrompt(prompt_token_ids=p) for p in workload.prompts]
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in workload.output_lens]
         loras = [requests[a] if a is not None else None for a in workload.adapters] if enable_lora else None

@@ -1,13 +1,19 @@
-"""Paged KV cache bookkeeping: fixed-size blocks, reference counts, copy-on-write.
+"""Paged KV cache bookkeeping: fixed-size blocks, reference counts, copy-on-write, prefix caching.
 
 A block is a page of the memory pool (page_allocator.py), whose free list KV blocks share
 with adapter weights. Plain Python: the model runner owns the tensors, this owns which
 block holds what. It is the only code that changes a sequence's `block_table`.
+
+With prefix caching, every full block a sequence has computed is published under its key
+(prefix_cache.py) and stays findable after its last user frees it, until its page is
+taken for something else. A new sequence starts on the blocks of its longest cached
+prefix: shared, as n > 1 siblings share a prompt, and never written (they are full).
 """
 
 from __future__ import annotations
 
 from loraserve.engine.page_allocator import PageAllocator, PageUse
+from loraserve.engine.prefix_cache import PrefixCache, extend_block_keys
 from loraserve.engine.sequence import Sequence
 
 BlockCopy = tuple[int, int]  # (source block, destination block) for the runner to copy before the step
@@ -16,11 +22,18 @@ BlockCopy = tuple[int, int]  # (source block, destination block) for the runner 
 class BlockManager:
     """Owns every block's reference count and every sequence's block table."""
 
-    def __init__(self, pages: PageAllocator, block_size: int) -> None:
+    def __init__(self, pages: PageAllocator, block_size: int, prefix_caching: bool = True) -> None:
         self.pages = pages
         self.num_blocks = pages.num_pages  # the most KV could ever hold: no adapter loaded
         self.block_size = block_size
         self._ref_counts = [0] * pages.num_pages
+        self.prefix_cache = PrefixCache() if prefix_caching else None
+        pages.on_reuse = self._forget_cached
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks findable by their prefix, held or free."""
+        return 0 if self.prefix_cache is None else len(self.prefix_cache)
 
     @property
     def num_free_blocks(self) -> int:
@@ -60,6 +73,45 @@ class BlockManager:
             seq.block_table.append(self._take())
         return copies
 
+    def attach_cached_prefix(self, seq: Sequence) -> int:
+        """Give a waiting sequence the cached blocks of its longest cached prefix; returns their tokens.
+
+        At least its last token is left to compute: that row's logits give the next token.
+        """
+        assert not seq.block_table, "the sequence holds blocks already"
+        if self.prefix_cache is None:
+            return 0
+        count = (seq.num_tokens - 1) // self.block_size
+        extend_block_keys(seq.block_keys, seq.token_ids, self.block_size, seq.cache_salt, count)
+        with self.pages.lock:  # the adapter loader's thread may take a free cached page meanwhile
+            for key in seq.block_keys[:count]:
+                page = self.prefix_cache.lookup(key)
+                if page is None:
+                    break
+                if self._ref_counts[page] == 0:
+                    self.pages.take_back(page, PageUse.KV)
+                self._ref_counts[page] += 1
+                seq.block_table.append(page)
+        return len(seq.block_table) * self.block_size
+
+    def publish_computed_blocks(self, seq: Sequence, num_computed_before: int) -> None:
+        """Make the blocks the sequence filled since `num_computed_before` findable by their prefix."""
+        if self.prefix_cache is None:
+            return
+        first, end = num_computed_before // self.block_size, seq.num_computed_tokens // self.block_size
+        if first == end:
+            return
+        extend_block_keys(seq.block_keys, seq.token_ids, self.block_size, seq.cache_salt, end)
+        with self.pages.lock:
+            for index in range(first, end):
+                self.prefix_cache.publish(seq.block_keys[index], seq.block_table[index])
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (blocks in use stay with their sequences)."""
+        if self.prefix_cache is not None:
+            with self.pages.lock:
+                self.prefix_cache = PrefixCache()
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` shares every block of `parent` (n > 1 sampling shares the prompt)."""
         assert not child.block_table
@@ -79,6 +131,10 @@ class BlockManager:
         if index < len(seq.block_table) and self._ref_counts[seq.block_table[index]] > 1:
             return index
         return None
+
+    def _forget_cached(self, pages: list[int]) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(pages)
 
     def _take(self) -> int:
         taken = self.pages.take(1, PageUse.KV)

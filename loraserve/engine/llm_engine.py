@@ -35,7 +35,9 @@ class LLMEngine:
         self.model_runner = ModelRunner(
             self.loaded, config.cache, config.lora, seed=config.seed, cache_dir=config.model.cache_dir
         )
-        self.block_manager = BlockManager(self.model_runner.pool.pages, config.cache.block_size)
+        self.block_manager = BlockManager(
+            self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching
+        )
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
@@ -152,7 +154,14 @@ class LLMEngine:
             running_sequences=len(self.scheduler.running),
             waiting_sequences=len(self.scheduler.waiting),
             preemptions=self.scheduler.num_preemptions,
+            prefix_cache_blocks=self.block_manager.num_cached_blocks,
+            prefix_cache_queried_tokens=self.scheduler.prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens=self.scheduler.prefix_cache_hit_tokens,
         )
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: the next prompts are computed in full (benchmarks, after a warm-up)."""
+        self.block_manager.reset_prefix_cache()
 
     def close(self) -> None:
         """Stop the adapter loader thread."""

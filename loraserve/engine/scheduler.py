@@ -5,6 +5,8 @@ waiting ones while the token budget, the sequence limit and the free KV blocks a
 A prompt longer than the remaining budget is computed in chunks over several steps.
 When a running sequence cannot get a block, the most recently admitted ones are
 preempted: their blocks are freed and they are recomputed later from their tokens.
+A sequence admitted starts on its longest cached prefix (block_manager.py): those
+tokens are not computed again and take nothing from the budget.
 A waiting sequence whose adapter is still loading is passed over; the ones behind it
 may start. When it waits because every adapter slot is busy, one resident adapter is
 drained: no new sequence of it is admitted until its running ones end (within their
@@ -40,6 +42,8 @@ class AdapterResidency(Protocol):
 
     def release(self, name: str) -> None: ...
 
+    def content_hash(self, name: str) -> str: ...  # of a resident adapter
+
     def failure(self, name: str) -> str | None: ...
 
     def drain_candidate(self) -> str | None: ...  # the resident adapter to free a slot from
@@ -64,6 +68,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
+        self.prefix_cache_queried_tokens = 0  # tokens of the sequences admitted
+        self.prefix_cache_hit_tokens = 0  # of those, found in the prefix cache
         self._seq_ids = itertools.count()
         self._watermark = int(block_manager.num_blocks * WATERMARK_FRACTION)
         self._failed: list[Request] = []
@@ -117,7 +123,6 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs or preempted:
                 break
-            num_new = min(seq.num_uncomputed_tokens, budget)
             adapter = seq.request.adapter
             if adapter is not None:
                 # The adapter first: once acquired it is busy, so finding KV room for this very
@@ -132,10 +137,17 @@ class Scheduler:
                     self._draining = self.adapters.drain_candidate()
                 if residency is not Residency.READY:
                     continue
+                seq.cache_salt = self.adapters.content_hash(adapter).encode()
+            seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
+                self.block_manager.free(seq)
+                seq.num_computed_tokens = 0
                 if adapter is not None:
                     self.adapters.release(adapter)
                 break
+            self.prefix_cache_queried_tokens += seq.num_tokens
+            self.prefix_cache_hit_tokens += seq.num_computed_tokens
             self.waiting.remove(seq)
             copies += self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
@@ -151,6 +163,8 @@ class Scheduler:
         now = self.clock()
         for item in batch.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
+            if item.seq.status is not SequenceStatus.FINISHED:  # not aborted while the step ran
+                self.block_manager.publish_computed_blocks(item.seq, item.seq.num_computed_tokens - item.num_new_tokens)
         touched: dict[str, Request] = {}
         for seq, token_id, logprob in zip(batch.sampling_seqs, output.token_ids, output.logprobs, strict=True):
             if seq.status is SequenceStatus.FINISHED:  # aborted while the step ran

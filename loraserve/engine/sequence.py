@@ -49,6 +49,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    cache_salt: bytes = b""  # the adapter's content hash: keys its prefix-cache blocks (prefix_cache.py)
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks
     pending_forks: int = 0  # siblings still to fork off once the prompt is computed (n > 1)
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
@@ -88,4 +90,6 @@ class Sequence:
             num_prompt_tokens=self.num_prompt_tokens,
             status=self.status,
             num_computed_tokens=self.num_computed_tokens,
+            cache_salt=self.cache_salt,
+            block_keys=list(self.block_keys),
         )

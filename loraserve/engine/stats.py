@@ -34,6 +34,9 @@ class EngineStats:
     running_sequences: int
     waiting_sequences: int
     preemptions: int
+    prefix_cache_blocks: int  # KV blocks findable by their prefix, in use or free
+    prefix_cache_queried_tokens: int  # tokens of the sequences admitted since start
+    prefix_cache_hit_tokens: int  # of those, found in the prefix cache instead of computed
 
     @property
     def free_pages(self) -> int:

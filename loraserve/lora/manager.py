@@ -139,6 +139,11 @@ class AdapterManager:
                 return Residency.LOADING
             return self._start_load(name)
 
+    def content_hash(self, name: str) -> str:
+        """The sha256 of the resident adapter's files: what its prefix-cache blocks are keyed by."""
+        with self._lock:
+            return self.slots.content_hash(name)
+
     def release(self, name: str) -> None:
         with self._lock:
             self._running[name] -= 1

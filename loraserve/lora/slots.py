@@ -79,6 +79,7 @@ def pack(blocks: Iterator[RowBlock], slab_elems: int) -> tuple[list[Placement], 
 class Reservation:
     slot: int
     pages: list[int]
+    content_hash: str = ""  # the sha256 of the adapter written into it
 
 
 class AdapterSlots:
@@ -151,6 +152,10 @@ class AdapterSlots:
     def slot_of(self, name: str) -> int:
         return self._loaded[name].slot
 
+    def content_hash(self, name: str) -> str:
+        """The sha256 of the adapter whose weights the slot holds."""
+        return self._loaded[name].content_hash
+
     def pages_held(self, name: str) -> list[int]:
         held = self._loaded.get(name) or self._reserved.get(name)
         return held.pages if held else []
@@ -190,6 +195,7 @@ class AdapterSlots:
     def write(self, name: str, adapter: LoraAdapter) -> None:
         """Copy the weights into the pages reserved for `name` and fill its slot's row tables."""
         reservation = self._reserved[name]
+        reservation.content_hash = adapter.sha256
         # read_adapter already refused ranks above the maximum the tables were sized for.
         assert adapter.rank <= self.max_rank, "adapter read with another max rank"
         pool = self.pool

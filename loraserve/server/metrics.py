@@ -57,6 +57,9 @@ class Metrics:
                 ("running_sequences", "Sequences in the running batch"),
                 ("waiting_sequences", "Sequences waiting to be scheduled"),
                 ("preemptions", "Sequences preempted since start"),
+                ("prefix_cache_blocks", "KV blocks findable by their prefix (in use or free)"),
+                ("prefix_cache_queried_tokens", "Tokens of the sequences admitted since start"),
+                ("prefix_cache_hit_tokens", "Admitted tokens found in the prefix cache since start"),
             )
         }
 
@@ -89,6 +92,9 @@ class Metrics:
             "running_sequences": stats.running_sequences,
             "waiting_sequences": stats.waiting_sequences,
             "preemptions": stats.preemptions,
+            "prefix_cache_blocks": stats.prefix_cache_blocks,
+            "prefix_cache_queried_tokens": stats.prefix_cache_queried_tokens,
+            "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens,
         }
         for name, value in values.items():
             self._gauges[name].set(value)

@@ -97,3 +97,31 @@ def test_n_greater_than_one_shares_prompt_blocks_and_each_copy_matches(llm, refe
     (output,) = outputs
     assert [c.token_ids for c in output.outputs] == [references[1]] * 3
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_prompts_found_in_the_prefix_cache_match_transformers_and_a_cache_miss(make_llm, references, hf_greedy):
+    """A second round of the same prompts starts on cached blocks; so does a follow-up turn that
+    repeats the first turn's prompt and answer. Hits give the tokens and log-probs a miss gives."""
+    cached, uncached = make_llm(), make_llm(prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0)
+    misses = uncached.chat(CHAT_PROMPTS, params, use_tqdm=False)
+    cached.chat(CHAT_PROMPTS, params, use_tqdm=False)
+    scheduler, block_size = cached.engine.scheduler, cached.engine.block_manager.block_size
+    hits_before = scheduler.prefix_cache_hit_tokens
+    hits = cached.chat(CHAT_PROMPTS, params, use_tqdm=False)
+    full_blocks = [(len(output.prompt_token_ids) - 1) // block_size * block_size for output in hits]
+    assert scheduler.prefix_cache_hit_tokens - hits_before == sum(full_blocks)
+    assert uncached.engine.scheduler.prefix_cache_hit_tokens == 0
+    for hit, miss, reference in zip(hits, misses, references, strict=True):
+        assert hit.outputs[0].token_ids == miss.outputs[0].token_ids == reference
+        hit_logprobs = [entry.logprob for entry in hit.outputs[0].logprobs]
+        assert hit_logprobs == pytest.approx([entry.logprob for entry in miss.outputs[0].logprobs], abs=1e-4)
+    follow_up = [
+        *CHAT_PROMPTS[3],
+        {"role": "assistant", "content": hits[3].outputs[0].text},
+        {"role": "user", "content": "Now say it in five words."},
+    ]
+    hits_before = scheduler.prefix_cache_hit_tokens
+    (output,) = cached.chat(follow_up, GREEDY, use_tqdm=False)
+    assert output.outputs[0].token_ids == hf_greedy(cached.chat_prompt_ids(follow_up), MAX_TOKENS)
+    assert scheduler.prefix_cache_hit_tokens - hits_before >= full_blocks[3]

@@ -118,6 +118,31 @@ def test_adapters_change_the_answer_and_removal_frees_the_slot(lora_llm, peft_re
     assert [e.logprob for e in again[0].outputs[0].logprobs] == pytest.approx(adapted_logprobs, abs=1e-5)
 
 
+def test_the_prefix_cache_reuses_kv_only_under_the_same_adapter_weights(lora_llm, peft_references):
+    """Keys hold the adapter's content hash, not its name: the base model, another adapter, or a
+    name re-uploaded with other weights compute their own K/V; the same weights under any name reuse it."""
+    path, [(prompt, expected, _), _] = peft_references["kv-regex-r16"]  # adapts k and v: its K/V are its own
+    other_path = peft_references["qv-r8"][0]
+    scheduler, block_size = lora_llm.engine.scheduler, lora_llm.engine.block_manager.block_size
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+
+    def run(adapter: str | None) -> tuple[list[int], int]:
+        hits_before = scheduler.prefix_cache_hit_tokens
+        (output,) = lora_llm.generate([prompt], greedy, adapters=[adapter], use_tqdm=False)
+        return output.outputs[0].token_ids, scheduler.prefix_cache_hit_tokens - hits_before
+
+    lora_llm.reset_prefix_cache()
+    assert run(None)[1] == 0
+    assert run("kv-regex-r16") == (expected, 0)
+    assert run("kv-regex-r16") == (expected, (len(prompt) - 1) // block_size * block_size)
+    lora_llm.add_adapter("renamed", other_path)
+    assert run("renamed")[1] == 0
+    lora_llm.remove_adapter("renamed")
+    lora_llm.add_adapter("renamed", path)  # the name again, now with kv-regex-r16's weights
+    assert run("renamed") == (expected, (len(prompt) - 1) // block_size * block_size)
+    lora_llm.remove_adapter("renamed")
+
+
 def test_a_refused_adapter_loads_nothing(lora_llm, peft_references, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -1,9 +1,9 @@
-"""Block manager: allocation, growth, freeing, reference counts and copy-on-write."""
+"""Block manager: allocation, growth, freeing, reference counts, copy-on-write and prefix caching."""
 
 from __future__ import annotations
 
 from loraserve.engine.block_manager import BlockManager
-from loraserve.engine.page_allocator import PageAllocator
+from loraserve.engine.page_allocator import PageAllocator, PageUse
 from tests.engine.helpers import make_sequence
 
 
@@ -87,3 +87,68 @@ def test_copy_on_write_of_a_shared_last_block():
     manager.free(parent)
     manager.free(child)
     assert manager.num_free_blocks == 8
+
+
+def computed(manager: BlockManager, seq, num_tokens: int) -> None:
+    """Allocate and 'compute' the sequence's first `num_tokens` tokens, publishing its full blocks."""
+    manager.allocate(seq, num_tokens - seq.num_computed_tokens)
+    before, seq.num_computed_tokens = seq.num_computed_tokens, num_tokens
+    manager.publish_computed_blocks(seq, before)
+
+
+def test_a_later_sequence_starts_on_the_full_blocks_of_a_cached_prefix():
+    manager = BlockManager(PageAllocator(8), block_size=4)
+    first = make_sequence(10, seq_id=0)
+    computed(manager, first, 10)  # blocks 0 and 1 full, block 2 partial
+    second = make_sequence(10, seq_id=1)
+    second.token_ids[9] = 999  # same first 9 tokens
+    assert manager.attach_cached_prefix(second) == 8
+    assert second.block_table == first.block_table[:2]
+    assert [manager.ref_count(b) for b in first.block_table] == [2, 2, 1]
+    same = make_sequence(8, seq_id=2)  # all 8 tokens cached, but the last one is computed again
+    assert manager.attach_cached_prefix(same) == 4 and same.block_table == first.block_table[:1]
+
+
+def test_a_different_salt_or_an_earlier_difference_finds_nothing():
+    manager = BlockManager(PageAllocator(8), block_size=4)
+    computed(manager, make_sequence(9, seq_id=0), 9)
+    other_adapter = make_sequence(9, seq_id=1)
+    other_adapter.cache_salt = b"sha256 of an adapter"
+    assert manager.attach_cached_prefix(other_adapter) == 0 and other_adapter.block_table == []
+    differs_early = make_sequence(9, seq_id=2)
+    differs_early.token_ids[0] = 999  # the second block's tokens match, its prefix does not
+    assert manager.attach_cached_prefix(differs_early) == 0
+
+
+def test_freed_blocks_stay_cached_until_their_page_is_taken_for_something_else():
+    pages = PageAllocator(4)
+    manager = BlockManager(pages, block_size=4)
+    first = make_sequence(9, seq_id=0)
+    computed(manager, first, 9)
+    cached_blocks = first.block_table[:2]
+    manager.free(first)
+    assert manager.num_free_blocks == 4, "cached blocks are free blocks"
+    again = make_sequence(9, seq_id=1)
+    assert manager.attach_cached_prefix(again) == 8 and again.block_table == cached_blocks
+    assert manager.num_free_blocks == 2
+    manager.free(again)
+    # Pages are reused least recently freed first: the never-used page, then the partial block,
+    # then the prefix from its tail, so its head stays findable longest.
+    taken = pages.take(3, PageUse.ADAPTER)
+    assert taken is not None and cached_blocks[0] not in taken
+    assert manager.attach_cached_prefix(make_sequence(9, seq_id=2)) == 4
+    pages.release(taken, PageUse.ADAPTER)
+    assert manager.num_cached_blocks == 1
+
+
+def test_without_prefix_caching_nothing_is_found():
+    manager = BlockManager(PageAllocator(8), block_size=4, prefix_caching=False)
+    computed(manager, make_sequence(9, seq_id=0), 9)
+    assert manager.attach_cached_prefix(make_sequence(9, seq_id=1)) == 0 and manager.num_cached_blocks == 0
+
+
+def test_reset_forgets_every_cached_prefix():
+    manager = BlockManager(PageAllocator(8), block_size=4)
+    computed(manager, make_sequence(9, seq_id=0), 9)
+    manager.reset_prefix_cache()
+    assert manager.attach_cached_prefix(make_sequence(9, seq_id=1)) == 0

@@ -57,6 +57,9 @@ def test_64_streaming_clients_over_16_adapters_complete_and_show_in_metrics(load
         assert metrics["loraserve_time_to_first_token_seconds_count"] == NUM_CLIENTS
         assert metrics["loraserve_inter_token_latency_seconds_count"] > 0
         assert metrics["loraserve_adapter_evictions"] > 0, "16 adapters through 8 slots"
+        prompt_tokens = sum(len(e.prompt_token_ids) for e in expected)
+        assert metrics["loraserve_prefix_cache_queried_tokens"] >= prompt_tokens
+        assert 0 <= metrics["loraserve_prefix_cache_hit_tokens"] < prompt_tokens
         finished = {
             name: sum(v for k, v in metrics.items() if k.startswith(f'loraserve_requests_total{{adapter="{name}"'))
             for name in map(adapter_of, range(16))

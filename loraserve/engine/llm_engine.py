@@ -218,6 +218,7 @@ class LLMEngine:
             finished=request.is_finished,
             timings=_timings(request),
             error=request.error,
+            num_cached_tokens=request.num_cached_tokens,
         )
 
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:

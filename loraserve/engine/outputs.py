@@ -47,3 +47,4 @@ class RequestOutput:
     finished: bool
     timings: RequestTimings
     error: str | None = None  # set when it ended with finish_reason "error" (its adapter could not be loaded)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache instead of computed

@@ -153,6 +153,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.request.first_scheduled_time is None:
                 seq.request.first_scheduled_time = self.clock()
+                seq.request.num_cached_tokens = seq.num_computed_tokens
             self.running.append(seq)
             chosen.append((seq, num_new))
             budget -= num_new

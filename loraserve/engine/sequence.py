@@ -28,6 +28,7 @@ class Request:
     adapter: str | None = None  # the LoRA adapter's name; None = the base model
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first scheduled
     finished_time: float | None = None
     error: str | None = None  # why it ended with finish_reason "error"
 

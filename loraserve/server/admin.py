@@ -150,6 +150,11 @@ async def pool(request: Request) -> dict[str, Any]:
         "adapter_load_seconds_total": stats.adapter_load_seconds_total,
         "running_sequences": stats.running_sequences,
         "waiting_sequences": stats.waiting_sequences,
+        "prefix_cache": {
+            "blocks": stats.prefix_cache_blocks,
+            "queried_tokens": stats.prefix_cache_queried_tokens,
+            "hit_tokens": stats.prefix_cache_hit_tokens,
+        },
     }
 
 

@@ -127,13 +127,14 @@ def _event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def _usage(output: RequestOutput) -> dict[str, int]:
+def _usage(output: RequestOutput) -> dict[str, Any]:
     completion_tokens = sum(len(c.token_ids) for c in output.outputs)
     prompt_tokens = len(output.prompt_token_ids)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens},
     }
 
 

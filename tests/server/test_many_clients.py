@@ -68,6 +68,7 @@ def test_64_streaming_clients_over_16_adapters_complete_and_show_in_metrics(load
         wait_until_idle(running.engine)
         pool = httpx.get(f"{running.url}/admin/pool", headers=ADMIN).json()
         assert pool["pages"]["kv"] == 0, "every KV block is free afterwards"
+        assert pool["prefix_cache"]["hit_tokens"] == metrics["loraserve_prefix_cache_hit_tokens"]
 
 
 def _samples(text: str) -> dict[str, float]:

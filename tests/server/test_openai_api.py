@@ -43,6 +43,11 @@ def test_chat_completion_equals_llm_chat(client, llm):
     (expected,) = llm.chat(conv, llm_params(32), use_tqdm=False)
     assert reply.choices[0].message.role == "assistant"
     assert reply.choices[0].message.content == expected.outputs[0].text
+    again = client.chat.completions.create(model=MODEL, messages=conv, max_tokens=32, temperature=0)
+    assert again.choices[0].message.content == expected.outputs[0].text
+    block_size = 16
+    full_blocks = (again.usage.prompt_tokens - 1) // block_size * block_size
+    assert again.usage.prompt_tokens_details.cached_tokens == full_blocks, "the first answer's prompt is cached"
 
 
 def test_streamed_chat_concatenates_to_the_full_answer_with_usage(client, llm):

@@ -29,6 +29,7 @@ def run_module(module: str, *args: str) -> str:
         "benchmarks.bench_engine",
         "benchmarks.bench_lora",
         "benchmarks.bench_lora_ops",
+        "benchmarks.bench_prefix_cache",
         "benchmarks.bench_swapping",
         "benchmarks.profile_lora_step",
     ],

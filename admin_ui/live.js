@@ -42,6 +42,10 @@ export async function refreshLive() {
   $("adapter-page-meter").value = pages.adapters;
   $("kv-text").textContent = `${pages.kv} pages hold KV blocks (${pages.block_size} tokens each), ` +
     `${pages.adapters} hold adapter weights, ${pages.free} free; ${pages.total} pages of ${bytes(pages.page_bytes)}`;
+  const cache = pool.prefix_cache;
+  const found = cache.queried_tokens ? Math.round((100 * cache.hit_tokens) / cache.queried_tokens) : 0;
+  $("prefix-text").textContent = `Prefix cache: ${cache.hit_tokens} of ${cache.queried_tokens} prompt tokens ` +
+    `found instead of computed (${found}%); ${cache.blocks} blocks findable`;
   $("slot-meter").max = pool.adapter_slots.total;
   $("slot-meter").value = pool.adapter_slots.used;
   $("slot-text").textContent = `${pool.adapter_slots.used} of ${pool.adapter_slots.total} slots used`;

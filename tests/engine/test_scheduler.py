@@ -202,3 +202,17 @@ def test_a_flood_for_one_adapter_cannot_starve_another(tokenizer):
     assert first_step["cold"] <= hot_started + max_tokens + 2
     assert all(first_step[r.request_id] > first_step["cold"] for r in late), "nobody overtakes the cold request"
     assert cold.first_scheduled_time is not None
+
+
+def test_a_cached_prefix_is_not_computed_again_and_takes_nothing_from_the_budget(tokenizer):
+    scheduler = make_scheduler(tokenizer, max_num_batched_tokens=8)
+    add(scheduler, "first", prompt_len=13, max_tokens=1)
+    while scheduler.has_unfinished():
+        step(scheduler)
+    second = add(scheduler, "second", prompt_len=13, max_tokens=1)  # the same 13 prompt tokens
+    batch = step(scheduler)
+    (item,) = batch.scheduled
+    assert item.num_new_tokens == 1, "the last token alone is computed"
+    assert second.num_cached_tokens == 12, "three cached blocks of 4"
+    assert (scheduler.prefix_cache_queried_tokens, scheduler.prefix_cache_hit_tokens) == (26, 12)
+    assert second.seqs[0].status is SequenceStatus.FINISHED

@@ -77,12 +77,6 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens or default
 
 
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -21,6 +21,7 @@ from collections import defaultdict
 import torch
 from transformers import AutoModelForCausalLM
 
+from benchmarks.engines import engine_over
 from benchmarks.kernel_time import kernel_ms
 from benchmarks.report import (
     add_model_flags,
@@ -32,8 +33,7 @@ from benchmarks.report import (
 )
 from benchmarks.workloads import Workload, chat_workload, left_padded
 from loraserve import LLM, SamplingParams
-from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from loraserve.engine import LLMEngine
+from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 
@@ -49,12 +49,7 @@ class Result:
 
 
 def run_loraserve(loaded: LoadedModel, prompt_ids: list[list[int]], lens: list[int], batch_size: int) -> float:
-    config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch."), device=loaded.device),
-        cache=CacheConfig(pool_memory=1 << 30),
-        scheduler=SchedulerConfig(max_num_seqs=batch_size),
-    )
-    engine = LLMEngine(config, loaded=loaded)
+    engine = engine_over(loaded, batch_size)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lens]
     try:
         start = time.perf_counter()
@@ -111,12 +106,7 @@ def step_profile(model_config: ModelConfig, batch_size: int, workload: Workload)
     """Where a decode step's time goes: torch profiler self time grouped by kind of op."""
     loaded = load_model(model_config)
     dtype = model_config.dtype
-    config = EngineConfig(
-        model=model_config,
-        cache=CacheConfig(pool_memory=1 << 30),
-        scheduler=SchedulerConfig(max_num_seqs=batch_size),
-    )
-    engine = LLMEngine(config, loaded=loaded)
+    engine = engine_over(loaded, batch_size)
     params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     for i, conv in enumerate(workload.conversations[:batch_size]):
         engine.add_request(f"p{i}", chat_prompt_ids(loaded.tokenizer, conv), params)

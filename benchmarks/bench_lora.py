@@ -20,6 +20,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from benchmarks.engines import engine_over
 from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import (
     add_model_flags,
@@ -31,9 +32,7 @@ from benchmarks.report import (
 )
 from benchmarks.workloads import chat_workload, left_padded
 from loraserve import LLM, SamplingParams
-from loraserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from loraserve.config import LoraConfig as EngineLoraConfig
-from loraserve.engine import LLMEngine
+from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 
@@ -41,13 +40,7 @@ SECTION = "multi-lora"
 
 
 def run_loraserve(loaded: LoadedModel, prompts, adapters, max_tokens: int, paths: list[Path]) -> float:
-    config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch."), device=loaded.device),
-        cache=CacheConfig(pool_memory=1 << 30),
-        scheduler=SchedulerConfig(max_num_seqs=len(prompts)),
-        lora=EngineLoraConfig(max_loras=len(paths), max_lora_rank=16),
-    )
-    engine = LLMEngine(config, loaded=loaded)
+    engine = engine_over(loaded, len(prompts), max_loras=len(paths))
     try:
         llm = LLM.from_engine(engine)
         for i, path in enumerate(paths):

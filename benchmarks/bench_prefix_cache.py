@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.engines import engine_over
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
@@ -27,8 +28,7 @@ from benchmarks.report import (
 )
 from benchmarks.workloads import ASKS, SUBJECTS
 from loraserve import LLM, SamplingParams
-from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
-from loraserve.engine import LLMEngine
+from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 
@@ -76,13 +76,7 @@ def persona_requests(count: int) -> tuple[list[list[dict[str, str]]], list[str]]
 
 
 def run(loaded: LoadedModel, prefix_caching: bool, conversations, adapters, max_tokens: int) -> Run:
-    config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch."), device=loaded.device),
-        cache=CacheConfig(pool_memory=1 << 30, prefix_caching=prefix_caching),
-        scheduler=SchedulerConfig(max_num_seqs=len(conversations)),
-        lora=LoraConfig(max_loras=len(PERSONAS), max_lora_rank=16),
-    )
-    engine = LLMEngine(config, loaded=loaded)
+    engine = engine_over(loaded, len(conversations), max_loras=len(PERSONAS), prefix_caching=prefix_caching)
     try:
         llm = LLM.from_engine(engine)
         for name in PERSONAS:

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.engines import engine_over
 from benchmarks.kernel_time import kernel_ms
 from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
 from benchmarks.workloads import prompt_token_ids
 from loraserve import SamplingParams
-from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
+from loraserve.config import ModelConfig
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel, load_model
 
@@ -33,13 +34,7 @@ SECTION = "lora-step-profile"
 
 def decoding_engine(loaded: LoadedModel, batch: int, adapters: list[Path], num_adapters: int) -> LLMEngine:
     """An engine with `batch` sequences past their prefill, request i on adapter i % num_adapters."""
-    config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
-        cache=CacheConfig(pool_memory=1 << 30),
-        scheduler=SchedulerConfig(max_num_seqs=batch),
-        lora=LoraConfig(max_loras=max(1, num_adapters), max_lora_rank=16),
-    )
-    engine = LLMEngine(config, loaded=loaded)
+    engine = engine_over(loaded, batch, max_loras=max(1, num_adapters))
     for path in adapters[:num_adapters]:
         engine.add_adapter(path.name, path)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)

@@ -1,0 +1,22 @@
+"""The engine the single-system harnesses time: over a model already loaded (each run starts a
+fresh engine, not a fresh model), with a 1 GiB memory pool."""
+
+from __future__ import annotations
+
+from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
+from loraserve.engine import LLMEngine
+from loraserve.models import LoadedModel
+
+POOL_BYTES = 1 << 30
+
+
+def engine_over(
+    loaded: LoadedModel, max_num_seqs: int, max_loras: int = LoraConfig.max_loras, prefix_caching: bool = True
+) -> LLMEngine:
+    config = EngineConfig(
+        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch."), device=loaded.device),
+        cache=CacheConfig(pool_memory=POOL_BYTES, prefix_caching=prefix_caching),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
+        lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
+    )
+    return LLMEngine(config, loaded=loaded)

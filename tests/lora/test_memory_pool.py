@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from loraserve.config import CacheConfig
 from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.page_allocator import PageUse
 from loraserve.errors import ConfigError
+from loraserve.lora.adapter import PROJECTIONS, LoraWeights, projection_shapes
 from loraserve.lora.manager import AdapterSource
 from loraserve.lora.memory_pool import free_device_memory, page_bytes, pool_pages
 from loraserve.lora.residency import Residency
@@ -54,6 +56,36 @@ def test_rows_land_in_the_reserved_pages_and_unloading_returns_them():
     manager.release("a")
     manager.unregister("a")
     assert pool.pages.num_free == 8 and pool.pages.num_used(PageUse.ADAPTER) == 0
+
+
+def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
+    # The kernel reads, per layer, q/k/v then o, gate/up, down, each A then B^T: packed in that
+    # order, every call streams one run per adapter instead of hopping between projections.
+    generator = torch.Generator().manual_seed(0)
+    weights = {
+        (layer, name): LoraWeights(torch.randn(2, fan_in, generator=generator), torch.randn(fan_out, 2), 1.0)
+        for layer in range(TINY_SPEC.num_layers)
+        for name, (fan_in, fan_out) in projection_shapes(TINY_SPEC).items()
+    }
+    adapter = replace(tiny_adapter(0), target_modules=PROJECTIONS, weights=weights)
+    manager = tiny_adapter_manager(num_slots=1, num_pages=64)
+    manager.register("all", AdapterSource(Path("tiny") / "0", None), adapter)
+    load(manager, "all")
+    slots, pool = manager.slots, manager.slots.pool
+    slot, pages = slots.slot_of("all"), slots.pages_held("all")
+    page_elems = pool.slabs_per_page * pool.slab_elems
+
+    def place_in_adapter(offset: int) -> int:  # where the row lies in the adapter's own pages, in order
+        return pages.index(pool.page_of(offset)) * page_elems + offset % page_elems
+
+    read_order = [
+        place_in_adapter(int(offset))
+        for layer in range(TINY_SPEC.num_layers)
+        for name in PROJECTIONS
+        for table in (slots.layers[layer][name].a_rows, slots.layers[layer][name].b_rows)
+        for offset in table[slot, :2]
+    ]
+    assert read_order == sorted(read_order)
 
 
 def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_way_to_kv():

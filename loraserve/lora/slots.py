@@ -53,9 +53,9 @@ class Placement:
 def row_blocks(adapter: LoraAdapter) -> Iterator[RowBlock]:
     """A's then B^T's rows of each projection, layer by layer in PROJECTIONS order: the order the
     CPU kernel reads them, so each call (q/k/v, o, gate/up, down) streams one run per adapter."""
-    placed = sorted((layer, PROJECTIONS.index(projection)) for layer, projection in adapter.weights)
-    for layer, index in placed:
-        weights = adapter.weights[(layer, PROJECTIONS[index])]
+    in_read_order = sorted(adapter.weights.items(), key=lambda item: (item[0][0], PROJECTIONS.index(item[0][1])))
+    for (layer, projection), weights in in_read_order:
+        index = PROJECTIONS.index(projection)
         yield RowBlock(layer, index, 0, weights.a)
         yield RowBlock(layer, index, 1, weights.b.T)
 

@@ -63,7 +63,9 @@ def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
     # order, every call streams one run per adapter instead of hopping between projections.
     generator = torch.Generator().manual_seed(0)
     weights = {
-        (layer, name): LoraWeights(torch.randn(2, fan_in, generator=generator), torch.randn(fan_out, 2), 1.0)
+        (layer, name): LoraWeights(
+            torch.randn(2, fan_in, generator=generator), torch.randn(fan_out, 2, generator=generator), 1.0
+        )
         for layer in range(TINY_SPEC.num_layers)
         for name, (fan_in, fan_out) in projection_shapes(TINY_SPEC).items()
     }

@@ -60,18 +60,22 @@ inline void store_vector(BFloat16* target, Floats v) {
     std::memcpy(target, &halves, sizeof halves);
 }
 
+typedef float Floats16 __attribute__((vector_size(16 * sizeof(float))));
 typedef float Floats8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float Floats4 __attribute__((vector_size(4 * sizeof(float))));
 
-// Halves added in registers (a loop over lanes through memory stalls on store forwarding).
-inline float lanes_sum(Floats v) {
+// A vector's lanes summed by adding its halves in registers (a loop over lanes through memory
+// stalls on store forwarding); Floats is one of these, by kLanes.
+inline float lanes_sum(Floats4 v) { return (v[0] + v[2]) + (v[1] + v[3]); }
+inline float lanes_sum(Floats8 v) {
+    Floats4 halves[2];
+    std::memcpy(halves, &v, sizeof v);
+    return lanes_sum(halves[0] + halves[1]);
+}
+inline float lanes_sum(Floats16 v) {
     Floats8 halves[2];
     std::memcpy(halves, &v, sizeof v);
-    const Floats8 eights = halves[0] + halves[1];
-    Floats4 quarters[2];
-    std::memcpy(quarters, &eights, sizeof eights);
-    const Floats4 fours = quarters[0] + quarters[1];
-    return (fours[0] + fours[2]) + (fours[1] + fours[3]);
+    return lanes_sum(halves[0] + halves[1]);
 }
 
 typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));

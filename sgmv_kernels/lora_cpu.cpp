@@ -25,8 +25,13 @@
 namespace {
 
 constexpr int kChunkRows = 8;
-constexpr int kLanes = 16;
-  // floats per vector: one AVX-512 register, two AVX2 ones
+// Floats per vector and vector registers: the blocks below are sized to stay in registers
+// (16-float vectors on AVX2 would take two registers each and spill).
+#ifdef __AVX512F__
+constexpr int kLanes = 16, kRegisters = 32;
+#else
+constexpr int kLanes = 8, kRegisters = 16;  // AVX2
+#endif
 
 #include "cpu_vectors.h"
 
@@ -127,6 +132,15 @@ void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* 
 }
 
 
+// Output vectors a block of the expand takes: enough sums in flight for few rows, as long as
+// the ROWS x VECTORS sums, the VECTORS weights and a factor fit in the registers.
+template <int ROWS>
+constexpr int vectors_per_block() {
+    int vectors = chains_per_row<ROWS>() > 2 ? chains_per_row<ROWS>() : 2;
+    while (vectors > 1 && (ROWS + 1) * vectors > kRegisters - 2) vectors /= 2;
+    return vectors;
+}
+
 // out[i][o .. o + VECTORS * kLanes) += scale * (y[i] @ B^T) for the chunk's ROWS rows: the
 // ROWS x VECTORS partial sums stay in registers while B's rows stream past.
 template <int ROWS, int VECTORS, typename T>
@@ -153,7 +167,7 @@ inline void expand_block(const float* y, int64_t max_rank, const T* pool, const 
 template <int ROWS, typename T>
 void expand(const float* y, int64_t max_rank, const T* pool, const int64_t* b_rows, int rank, float scale,
             T* const* targets, int64_t width) {
-    constexpr int kVectors = chains_per_row<ROWS>() > 2 ? chains_per_row<ROWS>() : 2;
+    constexpr int kVectors = vectors_per_block<ROWS>();
     int64_t o = 0;
     for (; o + kVectors * kLanes <= width; o += kVectors * kLanes)
         expand_block<ROWS, kVectors>(y, max_rank, pool, b_rows, rank, scale, targets, o);

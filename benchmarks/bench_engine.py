@@ -26,6 +26,7 @@ from benchmarks.kernel_time import kernel_ms
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
+    dtype_name,
     machine_description,
     median_spread,
     reproduce_command,
@@ -105,7 +106,7 @@ def bench_dtype(model_config: ModelConfig, batch_sizes: list[int], workload: Wor
 def step_profile(model_config: ModelConfig, batch_size: int, workload: Workload) -> str:
     """Where a decode step's time goes: torch profiler self time grouped by kind of op."""
     loaded = load_model(model_config)
-    dtype = model_config.dtype
+    dtype = dtype_name(loaded.dtype)
     engine = engine_over(loaded, batch_size)
     params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     for i, conv in enumerate(workload.conversations[:batch_size]):
@@ -200,7 +201,7 @@ def main() -> None:
         return
     profile = None
     if args.device == "cpu":  # the profile counts CPU time: on a GPU the ops run asynchronously
-        profile = step_profile(ModelConfig(model=args.model, dtype="bfloat16", device=args.device), 32, workload)
+        profile = step_profile(ModelConfig(model=args.model, dtype=args.dtype, device=args.device), 32, workload)
         print(profile)
     command = reproduce_command("benchmarks.bench_engine")
     section = SECTION if args.device == "cpu" else f"{SECTION}-{args.device}"

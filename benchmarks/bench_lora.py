@@ -5,7 +5,8 @@ vs peft's mixed-adapter batch (`generate(..., adapter_names=...)`).
     python -m benchmarks.bench_lora --quick    # smoke run, nothing written
 
 Adapters: ranks 8 and 16 alternating, all seven projections, seeded random weights in
-PEFT files (throughput does not depend on what the weights learned). Greedy, EOS ignored, bfloat16.
+PEFT files (throughput does not depend on what the weights learned). Greedy, EOS ignored, in the dtype the server picks
+(--dtype auto: bfloat16 where the CPU computes it natively).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
+    dtype_name,
     machine_description,
     median_spread,
     reproduce_command,
@@ -84,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.adapters, args.max_tokens, args.repeats = 4, 2, 4, 1
-    loaded = load_model(ModelConfig(model=args.model, dtype="bfloat16", device=args.device))
+    loaded = load_model(ModelConfig(model=args.model, dtype=args.dtype, device=args.device))
     workload = chat_workload(args.requests, args.max_tokens, args.max_tokens)
     prompts = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     names = [f"adapter-{i % args.adapters}" for i in range(args.requests)]
@@ -112,9 +114,9 @@ def main() -> None:
             f"Command: `{command}`. Machine: {machine_description(args.device)}.",
             "",
             f"{args.requests} requests of ~60 prompt tokens over {args.adapters} distinct adapters (ranks 8 and 16 "
-            f"alternating, all seven projections), {args.max_tokens} new tokens each, greedy, EOS ignored, bfloat16, "
-            f"all requests in one batch, the adapters already loaded (a one-token pass first), as peft's are. "
-            f"Output tokens/s, median of {args.repeats} runs (min-max).",
+            f"alternating, all seven projections), {args.max_tokens} new tokens each, greedy, EOS ignored, "
+            f"{dtype_name(loaded.dtype)}, all requests in one batch, the adapters already loaded (a one-token pass "
+            f"first), as peft's are. Output tokens/s, median of {args.repeats} runs (min-max).",
             "",
             "| system | tok/s | ratio |",
             "|---|---:|---:|",

@@ -21,6 +21,7 @@ from benchmarks.engines import engine_over
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
+    dtype_name,
     machine_description,
     median_spread,
     reproduce_command,
@@ -96,7 +97,7 @@ def run(loaded: LoadedModel, prefix_caching: bool, conversations, adapters, max_
     return Run(len(outputs) * max_tokens / elapsed, statistics.mean(ttfts), computed - computed_before)
 
 
-def render(results: dict[bool, list[Run]], args: argparse.Namespace, prompt_tokens: int) -> str:
+def render(results: dict[bool, list[Run]], args: argparse.Namespace, prompt_tokens: int, dtype: str) -> str:
     lines = [
         "## Prefix caching: persona chat",
         "",
@@ -104,8 +105,8 @@ def render(results: dict[bool, list[Run]], args: argparse.Namespace, prompt_toke
         "",
         f"{args.requests} chat requests over the four sample personas (adapter + its own system prompt; "
         f"{prompt_tokens} prompt tokens in all, ~{prompt_tokens // args.requests} each, most of it the persona's "
-        f"system prompt), {args.max_tokens} new tokens each, greedy, EOS ignored, bfloat16, all submitted at once; "
-        f"adapters resident. Median of {args.repeats} runs (min-max), the two settings alternating.",
+        f"system prompt), {args.max_tokens} new tokens each, greedy, EOS ignored, {dtype}, all submitted at "
+        f"once; adapters resident. Median of {args.repeats} runs (min-max), the two settings alternating.",
         "",
         "| prefix cache | output tok/s | mean time to first token (s) | prompt tokens computed |",
         "|---|---:|---:|---:|",
@@ -133,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.max_tokens, args.repeats = 8, 4, 1
-    loaded = load_model(ModelConfig(model=args.model, dtype="bfloat16", device=args.device))
+    loaded = load_model(ModelConfig(model=args.model, dtype=args.dtype, device=args.device))
     conversations, adapters = persona_requests(args.requests)
     prompt_tokens = sum(len(chat_prompt_ids(loaded.tokenizer, c)) for c in conversations)
     results: dict[bool, list[Run]] = {False: [], True: []}
@@ -142,7 +143,7 @@ def main() -> None:
             result = run(loaded, enabled, conversations, adapters, args.max_tokens)
             results[enabled].append(result)
             print(f"prefix cache {'on' if enabled else 'off'}: {result}", flush=True)
-    report = render(results, args, prompt_tokens)
+    report = render(results, args, prompt_tokens, dtype_name(loaded.dtype))
     print(report)
     if not args.quick:
         write_section(args.output, SECTION, report)

@@ -22,7 +22,14 @@ import torch
 from benchmarks.engines import engine_over
 from benchmarks.kernel_time import kernel_ms
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from benchmarks.report import (
+    add_model_flags,
+    add_report_flags,
+    dtype_name,
+    machine_description,
+    reproduce_command,
+    write_section,
+)
 from benchmarks.workloads import prompt_token_ids
 from loraserve import SamplingParams
 from loraserve.config import ModelConfig
@@ -75,11 +82,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
+    add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.batch, args.adapters, args.steps = 4, 2, 2
-    loaded = load_model(ModelConfig(dtype="bfloat16"))
+    loaded = load_model(ModelConfig(model=args.model, dtype=args.dtype, device=args.device))
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp))
         engines = {count: decoding_engine(loaded, args.batch, paths, count) for count in (0, 1, args.adapters)}
@@ -96,8 +104,8 @@ def main() -> None:
         "",
         f"Command: `{reproduce_command('benchmarks.profile_lora_step')}`. Machine: {machine_description()}.",
         "",
-        f"Batch {args.batch}, every sequence past its ~60-token prompt, bfloat16; median of {args.steps} steps "
-        "per row, the three batches decoding in alternating rounds.",
+        f"Batch {args.batch}, every sequence past its ~60-token prompt, {dtype_name(loaded.dtype)}; median of "
+        f"{args.steps} steps per row, the three batches decoding in alternating rounds.",
         "",
         "| adapters in the batch | ms per step | tokens/s | vs base | LoRA's share of the step |",
         "|---|---:|---:|---:|---:|",

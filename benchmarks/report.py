@@ -52,9 +52,18 @@ def add_report_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """--model and --device: the default model on the CPU unless told otherwise."""
+    """--model, --device and --dtype: the default model on the CPU, in the dtype the server would pick."""
     parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+        help="auto (default), as the server picks: bfloat16 on CUDA or where the CPU has it natively, else float32",
+    )  # fmt: skip
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bfloat16' for torch.bfloat16: how reports name the dtype a run used."""
+    return str(dtype).removeprefix("torch.")
 
 
 def reproduce_command(module: str) -> str:

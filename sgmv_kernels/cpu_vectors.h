@@ -1,7 +1,16 @@
 // Shared by the CPU kernels (sgmv_kernels/lora_cpu.cpp, loraserve/models/*_cpu.cpp): bfloat16
 // and float32 loads and stores, one element or one vector at a time, a vector's lane sum, e^x
 // for x <= 0, prefetching, and each OpenMP thread's share of the work.
-// Include inside the kernel's anonymous namespace after defining kLanes.
+// Include inside the kernel's anonymous namespace.
+
+// Floats per vector and vector registers of the machine -march=native builds for: kernels size
+// their register blocks by these (16-float vectors on AVX2 would take two registers each and spill).
+#ifdef __AVX512F__
+constexpr int kLanes = 16, kRegisters = 32;
+#else
+constexpr int kLanes = 8, kRegisters = 16;  // AVX2
+#endif
+
 struct BFloat16 {
     uint16_t bits;
 };

@@ -25,13 +25,6 @@
 namespace {
 
 constexpr int kChunkRows = 8;
-// Floats per vector and vector registers: the blocks below are sized to stay in registers
-// (16-float vectors on AVX2 would take two registers each and spill).
-#ifdef __AVX512F__
-constexpr int kLanes = 16, kRegisters = 32;
-#else
-constexpr int kLanes = 8, kRegisters = 16;  // AVX2
-#endif
 
 #include "cpu_vectors.h"
 

@@ -21,7 +21,6 @@
 
 namespace {
 
-constexpr int kLanes = 16;
 // Below this many elements a step runs on one thread: waking the others costs more.
 constexpr int64_t kParallelElements = 1 << 14;
 

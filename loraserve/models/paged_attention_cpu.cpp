@@ -23,8 +23,6 @@
 
 namespace {
 
-constexpr int kLanes = 16;
-
 #include "cpu_vectors.h"
 
 // The next row's K and V blocks, asked for a few cache lines per token of the current row:
@@ -94,16 +92,34 @@ void score_keys(const RowCache<T>& keys, const float* queries, float* scores) {
     }
 }
 
-// Sixteen vectors in, one out whose lane i is the sum of vector i's lanes: four rounds of
-// pairing halves (45 shuffles and adds for 16 sums, against ~10 per sum one at a time).
+// The lanes that round `round` of sum_each takes from a pair of vectors: each half of the
+// result holds one vector's lanes, pairs of groups of (kLanes / 2 >> round) added, the low
+// groups here, the high ones that many lanes further.
+template <int LANES>
+struct Pairing;
+template <>
+struct Pairing<16> {
+    static constexpr int kRounds = 4;
+    static constexpr int32_t kLow[4][16] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                                            {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                            {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+                                            {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+};
+template <>
+struct Pairing<8> {
+    static constexpr int kRounds = 3;
+    static constexpr int32_t kLow[3][8] = {{0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 4, 5, 8, 9, 12, 13}, {0, 2, 4, 6, 8, 10, 12, 14}};
+};
+
+// kLanes vectors in, one out whose lane i is the sum of vector i's lanes: rounds of pairing
+// halves (45 shuffles and adds for 16 sums, against ~10 per sum one at a time).
 inline Floats sum_each(Floats (&v)[kLanes]) {
-    static constexpr Ints kLow[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
-                                     {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
-                                     {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
-                                     {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}};
+    using Tables = Pairing<kLanes>;
     int count = kLanes;
-    for (int round = 0; round < 4; round++) {
-        const Ints low = kLow[round], high = low + (8 >> round);
+    for (int round = 0; round < Tables::kRounds; round++) {
+        Ints low;
+        std::memcpy(&low, Tables::kLow[round], sizeof low);
+        const Ints high = low + (kLanes / 2 >> round);
         count /= 2;
         for (int i = 0; i < count; i++)
             v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], low) + __builtin_shuffle(v[2 * i], v[2 * i + 1], high);
@@ -111,12 +127,12 @@ inline Floats sum_each(Floats (&v)[kLanes]) {
     return v[0];
 }
 
-// score_keys for head_dim = 16 V: each key is loaded once for its G query heads, and the
-// products of 16 tokens are summed together by sum_each.
+// score_keys for head_dim = kLanes V: each key is loaded once for its G query heads, and the
+// products of kLanes tokens are summed together by sum_each.
 template <typename T, int V>
 void score_keys_blocked(const RowCache<T>& keys, const float* queries, float* scores) {
     const int64_t num_heads = keys.num_heads, per_kv_head = num_heads / keys.num_kv_heads, length = keys.length;
-    thread_local std::vector<Floats> products;  // [num_heads][16]
+    thread_local std::vector<Floats> products;  // [num_heads][kLanes]
     products.resize(num_heads * kLanes);
     for (int64_t first = 0; first < length; first += kLanes) {
         const int64_t count = std::min<int64_t>(kLanes, length - first);
@@ -168,32 +184,44 @@ void sum_values(const RowCache<T>& values, const float* probs, float* sums) {
     }
 }
 
-// sum_values for head_dim = 16 V and G query heads per KV head: the G heads' sums stay in
-// registers while a span of the row's values streams past, each value loaded once per KV head
-// (spans of 128 tokens, so the other KV heads find them in cache).
+// Vectors of a value row that sum_values_blocked sums at once for G heads: all V of them if
+// the G x C sums and the C values fit in the registers, else halves of that, and so on.
+template <int V, int G>
+constexpr int value_vectors_per_pass() {
+    int vectors = V;
+    while (vectors > 1 && (G + 1) * vectors > kRegisters - 2) vectors /= 2;
+    return vectors;
+}
+
+// sum_values for head_dim = kLanes V and G query heads per KV head: the G heads' sums of C
+// of the V vectors stay in registers while a span of the row's values streams past (spans of
+// 128 tokens, so the other KV heads and vectors find them in cache).
 template <typename T, int V, int G>
 void sum_values_blocked(const RowCache<T>& values, const float* probs, float* sums) {
     constexpr int64_t kSpan = 128;
+    constexpr int C = value_vectors_per_pass<V, G>();
     const int64_t length = values.length;
     std::fill(sums, sums + values.num_heads * V * kLanes, 0.0f);
     for (int64_t first = 0; first < length; first += kSpan) {
         const int64_t last = std::min(first + kSpan, length);
         for (int64_t kv_head = 0; kv_head < values.num_kv_heads; kv_head++) {
-            float* head_sums = sums + kv_head * G * V * kLanes;
-            Floats acc[G][V];
-            for (int g = 0; g < G; g++)
-                for (int i = 0; i < V; i++) acc[g][i] = load_vector(head_sums + (g * V + i) * kLanes);
             const float* head_probs = probs + kv_head * G * length;
-            for (int64_t l = first; l < last; l++) {
-                if (kv_head == 0) values.prefetch_ahead(l);
-                const T* token = values.token(l) + kv_head * V * kLanes;
-                Floats v[V];
-                for (int i = 0; i < V; i++) v[i] = load_vector(token + i * kLanes);
+            for (int pass = 0; pass < V; pass += C) {
+                float* head_sums = sums + (kv_head * G * V + pass) * kLanes;
+                Floats acc[G][C];
                 for (int g = 0; g < G; g++)
-                    for (int i = 0; i < V; i++) acc[g][i] += head_probs[g * length + l] * v[i];
+                    for (int i = 0; i < C; i++) acc[g][i] = load_vector(head_sums + (g * V + i) * kLanes);
+                for (int64_t l = first; l < last; l++) {
+                    if (kv_head == 0 && pass == 0) values.prefetch_ahead(l);
+                    const T* token = values.token(l) + (kv_head * V + pass) * kLanes;
+                    Floats v[C];
+                    for (int i = 0; i < C; i++) v[i] = load_vector(token + i * kLanes);
+                    for (int g = 0; g < G; g++)
+                        for (int i = 0; i < C; i++) acc[g][i] += head_probs[g * length + l] * v[i];
+                }
+                for (int g = 0; g < G; g++)
+                    for (int i = 0; i < C; i++) store_vector(head_sums + (g * V + i) * kLanes, acc[g][i]);
             }
-            for (int g = 0; g < G; g++)
-                for (int i = 0; i < V; i++) store_vector(head_sums + (g * V + i) * kLanes, acc[g][i]);
         }
     }
 }
@@ -213,11 +241,12 @@ Phases<T> blocked() {
 // common model), the general ones otherwise.
 template <typename T>
 Phases<T> phases_for(int64_t head_dim, int64_t per_kv_head) {
+    constexpr int V64 = 64 / kLanes, V128 = 128 / kLanes;
     static const Phases<T> by_shape[2][8] = {
-        {blocked<T, 4, 1>(), blocked<T, 4, 2>(), blocked<T, 4, 3>(), blocked<T, 4, 4>(), blocked<T, 4, 5>(),
-         blocked<T, 4, 6>(), blocked<T, 4, 7>(), blocked<T, 4, 8>()},
-        {blocked<T, 8, 1>(), blocked<T, 8, 2>(), blocked<T, 8, 3>(), blocked<T, 8, 4>(), blocked<T, 8, 5>(),
-         blocked<T, 8, 6>(), blocked<T, 8, 7>(), blocked<T, 8, 8>()}};
+        {blocked<T, V64, 1>(), blocked<T, V64, 2>(), blocked<T, V64, 3>(), blocked<T, V64, 4>(),
+         blocked<T, V64, 5>(), blocked<T, V64, 6>(), blocked<T, V64, 7>(), blocked<T, V64, 8>()},
+        {blocked<T, V128, 1>(), blocked<T, V128, 2>(), blocked<T, V128, 3>(), blocked<T, V128, 4>(),
+         blocked<T, V128, 5>(), blocked<T, V128, 6>(), blocked<T, V128, 7>(), blocked<T, V128, 8>()}};
     if ((head_dim == 64 || head_dim == 128) && per_kv_head >= 1 && per_kv_head <= 8)
         return by_shape[head_dim == 128][per_kv_head - 1];
     return {score_keys<T>, sum_values<T>};

@@ -11,6 +11,13 @@ constexpr int kLanes = 16, kRegisters = 32;
 constexpr int kLanes = 8, kRegisters = 16;  // AVX2
 #endif
 
+// The vectors a register block takes: `wanted`, halved until its registers (`per_vector` for
+// each vector: the sums it feeds and the vector itself) fit, with two to spare.
+constexpr int vectors_that_fit(int wanted, int per_vector) {
+    while (wanted > 1 && per_vector * wanted > kRegisters - 2) wanted /= 2;
+    return wanted;
+}
+
 struct BFloat16 {
     uint16_t bits;
 };

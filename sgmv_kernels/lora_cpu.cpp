@@ -125,15 +125,6 @@ void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* 
 }
 
 
-// Output vectors a block of the expand takes: enough sums in flight for few rows, as long as
-// the ROWS x VECTORS sums, the VECTORS weights and a factor fit in the registers.
-template <int ROWS>
-constexpr int vectors_per_block() {
-    int vectors = chains_per_row<ROWS>() > 2 ? chains_per_row<ROWS>() : 2;
-    while (vectors > 1 && (ROWS + 1) * vectors > kRegisters - 2) vectors /= 2;
-    return vectors;
-}
-
 // out[i][o .. o + VECTORS * kLanes) += scale * (y[i] @ B^T) for the chunk's ROWS rows: the
 // ROWS x VECTORS partial sums stay in registers while B's rows stream past.
 template <int ROWS, int VECTORS, typename T>
@@ -160,7 +151,8 @@ inline void expand_block(const float* y, int64_t max_rank, const T* pool, const 
 template <int ROWS, typename T>
 void expand(const float* y, int64_t max_rank, const T* pool, const int64_t* b_rows, int rank, float scale,
             T* const* targets, int64_t width) {
-    constexpr int kVectors = vectors_per_block<ROWS>();
+    // Enough sums in flight for few rows, as long as each vector's ROWS sums and weights fit.
+    constexpr int kVectors = vectors_that_fit(chains_per_row<ROWS>() > 2 ? chains_per_row<ROWS>() : 2, ROWS + 1);
     int64_t o = 0;
     for (; o + kVectors * kLanes <= width; o += kVectors * kLanes)
         expand_block<ROWS, kVectors>(y, max_rank, pool, b_rows, rank, scale, targets, o);

@@ -184,22 +184,14 @@ void sum_values(const RowCache<T>& values, const float* probs, float* sums) {
     }
 }
 
-// Vectors of a value row that sum_values_blocked sums at once for G heads: all V of them if
-// the G x C sums and the C values fit in the registers, else halves of that, and so on.
-template <int V, int G>
-constexpr int value_vectors_per_pass() {
-    int vectors = V;
-    while (vectors > 1 && (G + 1) * vectors > kRegisters - 2) vectors /= 2;
-    return vectors;
-}
-
 // sum_values for head_dim = kLanes V and G query heads per KV head: the G heads' sums of C
-// of the V vectors stay in registers while a span of the row's values streams past (spans of
-// 128 tokens, so the other KV heads and vectors find them in cache).
+// of the V vectors (all V where their sums and values fit in the registers) stay in registers
+// while a span of the row's values streams past (spans of 128 tokens, so the other KV heads
+// and vectors find them in cache).
 template <typename T, int V, int G>
 void sum_values_blocked(const RowCache<T>& values, const float* probs, float* sums) {
     constexpr int64_t kSpan = 128;
-    constexpr int C = value_vectors_per_pass<V, G>();
+    constexpr int C = vectors_that_fit(V, G + 1);
     const int64_t length = values.length;
     std::fill(sums, sums + values.num_heads * V * kLanes, 0.0f);
     for (int64_t first = 0; first < length; first += kSpan) {

@@ -13,16 +13,17 @@ from tests.conftest import CHAT_PROMPTS
 pytestmark = pytest.mark.slow
 
 NUM_ADAPTERS, ROOM_FOR, NUM_REQUESTS, MAX_TOKENS = 20, 4, 200, 4
+NUM_PROMPTS = 3  # each adapter's answers to these are peft's references; every request asks one
 MAX_NUM_SEQS = 8
 
 
 @pytest.fixture(scope="module")
 def adapters_with_references(model_dir, tmp_path_factory, llm):
-    """Save 20 random peft adapters; peft's greedy tokens for 5 prompts each (each asked twice)."""
+    """Save 20 random peft adapters; peft's greedy tokens for each of NUM_PROMPTS prompts."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    prompts = [llm.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[:5]]
+    prompts = [llm.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[:NUM_PROMPTS]]
     adapters = []
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for i in range(NUM_ADAPTERS):

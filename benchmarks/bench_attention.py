@@ -22,6 +22,7 @@ from benchmarks.timing import median_microseconds
 from loraserve.config import default_cache_dir
 from loraserve.models.attention import decode_attention
 from loraserve.models.cpu_attention import load_decode_kernel
+from loraserve.models.dtypes import dtype_name
 
 SECTION = "decode-attention"
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -73,7 +74,7 @@ def main() -> None:
                 if kernel is not None:
                     call = (queries, k_cache, v_cache, tables, lens, scale)
                     compiled = median_microseconds(lambda call=call: kernel(*call), repeats)
-                name = str(dtype).removeprefix("torch.")
+                name = dtype_name(dtype)
                 rows.append(
                     f"| {name} | {batch} | {context} | {reference:.0f} | {ours:.0f} | {compiled:.0f} "
                     f"| {reference / compiled:.1f}x |"

@@ -7,6 +7,8 @@ tokens. Runs alternate between the two systems and repeat; medians are reported.
 
     python -m benchmarks.bench_engine            # full table into docs/benchmarks.md
     python -m benchmarks.bench_engine --quick    # a smoke run, nothing written
+
+--dtypes picks the table's dtypes; --dtype (default auto) the one of the step profile.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from benchmarks.kernel_time import kernel_ms
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
-    dtype_name,
     machine_description,
     median_spread,
     reproduce_command,
@@ -37,6 +38,7 @@ from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
+from loraserve.models.dtypes import dtype_name
 
 SECTION = "engine-vs-transformers"
 

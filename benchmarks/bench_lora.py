@@ -26,7 +26,6 @@ from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
-    dtype_name,
     machine_description,
     median_spread,
     reproduce_command,
@@ -37,6 +36,7 @@ from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
+from loraserve.models.dtypes import dtype_name
 
 SECTION = "multi-lora"
 

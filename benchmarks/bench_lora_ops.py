@@ -20,6 +20,7 @@ import torch
 
 from benchmarks.timing import median_microseconds
 from loraserve.config import default_cache_dir
+from loraserve.models.dtypes import dtype_name
 from sgmv_kernels import PooledLora, gather_rows, pool_from_dense, sgmv_expand_reference, sgmv_shrink_reference
 from sgmv_kernels.cpu import RowGroups, bgmv_expand_gathered, bgmv_shrink_gathered, grouped_lora
 from sgmv_kernels.native import LoraKernel, ProjectionGroup, RowChunks, load_kernel
@@ -107,7 +108,7 @@ def main() -> None:
                 ),
             }
             cells = ", ".join(f"{name} {us:.0f} us" for name, us in results.items())
-            print(f"{str(dtype).removeprefix('torch.')} {label}: {cells}")
+            print(f"{dtype_name(dtype)} {label}: {cells}")
 
 
 if __name__ == "__main__":

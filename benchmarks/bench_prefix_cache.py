@@ -21,7 +21,6 @@ from benchmarks.engines import engine_over
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
-    dtype_name,
     machine_description,
     median_spread,
     reproduce_command,
@@ -32,6 +31,7 @@ from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
+from loraserve.models.dtypes import dtype_name
 
 SECTION = "prefix-cache"
 PERSONAS = {

@@ -32,6 +32,7 @@ from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig,
 from loraserve.engine import LLMEngine
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
+from loraserve.models.dtypes import dtype_name
 
 SECTION = "adapter-swapping"
 
@@ -75,7 +76,7 @@ def run(
     loaded: LoadedModel, paths: list[Path], arrivals: list[Arrival], room_for: int, max_tokens: int, pages: int
 ) -> RunResult:
     config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch.")),
+        model=ModelConfig(dtype=dtype_name(loaded.dtype)),
         cache=CacheConfig(num_pages=pages),
         lora=LoraConfig(max_loras=room_for, max_lora_rank=16),
         scheduler=SchedulerConfig(max_num_seqs=MAX_NUM_SEQS),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel
+from loraserve.models.dtypes import dtype_name
 
 POOL_BYTES = 1 << 30
 
@@ -14,7 +15,7 @@ def engine_over(
     loaded: LoadedModel, max_num_seqs: int, max_loras: int = LoraConfig.max_loras, prefix_caching: bool = True
 ) -> LLMEngine:
     config = EngineConfig(
-        model=ModelConfig(dtype=str(loaded.dtype).removeprefix("torch."), device=loaded.device),
+        model=ModelConfig(dtype=dtype_name(loaded.dtype), device=loaded.device),
         cache=CacheConfig(pool_memory=POOL_BYTES, prefix_caching=prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
         lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),

@@ -25,7 +25,6 @@ from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
-    dtype_name,
     machine_description,
     reproduce_command,
     write_section,
@@ -35,6 +34,7 @@ from loraserve import SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel, load_model
+from loraserve.models.dtypes import dtype_name
 
 SECTION = "lora-step-profile"
 

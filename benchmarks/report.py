@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from loraserve.config import DTYPES
 from loraserve.models.dtypes import cpu_has_native_bf16
 
 
@@ -56,14 +57,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+        "--dtype", default="auto", choices=DTYPES,
         help="auto (default), as the server picks: bfloat16 on CUDA or where the CPU has it natively, else float32",
     )  # fmt: skip
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """'bfloat16' for torch.bfloat16: how reports name the dtype a run used."""
-    return str(dtype).removeprefix("torch.")
 
 
 def reproduce_command(module: str) -> str:

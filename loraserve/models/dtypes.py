@@ -22,6 +22,11 @@ def cpu_has_native_bf16() -> bool:
     return False
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The `--dtype` value that names a torch dtype: 'bfloat16' for torch.bfloat16."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     """Map a `--dtype` value to a torch dtype; `auto` looks at the device."""
     if name != "auto":

@@ -18,8 +18,10 @@
 // Built by native.py with the host compiler (-O3 -march=native), no torch headers.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
+#include <immintrin.h>
 #include <omp.h>
 
 namespace {
@@ -37,48 +39,6 @@ inline void load_row(const T* source, int64_t length, float* target) {
 }
 
 
-// The chunk this thread takes next: its adapter's A and B^T rows, asked for a few cache lines
-// per A row of the current chunk, so the next chunk starts with its weights on their way
-// instead of waiting on memory (each chunk's rows lie elsewhere in the pool).
-template <typename T>
-struct UpcomingChunk {
-    const T* pool;
-    const int64_t *a_rows, *b_rows;  // [projections, slots, max_rank]
-    const int32_t* ranks;            // [projections, slots]
-    const int64_t* widths;
-    int64_t num_slots, max_rank, in_features, num_projections, slot;
-    int64_t lines_per_call = 0;
-    // The cursor: line `line` of row k of A (then of B^T) of `projection`, whose rows have row_lines lines.
-    int64_t projection = 0, k = 0, line = 0, row_lines = 0;
-    bool in_b = false;
-
-    static int64_t lines_of(int64_t elements) { return (elements * int64_t(sizeof(T)) + 63) / 64; }
-
-    int64_t total_lines() const {
-        int64_t total = 0;
-        for (int64_t j = 0; j < num_projections; j++)
-            total += ranks[j * num_slots + slot] * (lines_of(in_features) + lines_of(widths[j]));
-        return total;
-    }
-
-    void fetch() {
-        for (int64_t n = 0; n < lines_per_call && projection < num_projections;) {
-            const int64_t table = projection * num_slots + slot;
-            if (k >= ranks[table]) {
-                projection += in_b;
-                in_b = !in_b;
-                k = 0;
-                continue;
-            }
-            if (line == 0) row_lines = lines_of(in_b ? widths[projection] : in_features);
-            const int64_t row = (in_b ? b_rows : a_rows)[table * max_rank + k];
-            __builtin_prefetch(reinterpret_cast<const char*>(pool + row) + line * 64);
-            n++;
-            if (++line == row_lines) line = 0, k++;
-        }
-    }
-};
-
 // Independent sums to keep in flight: an FMA waits ~4 cycles for the previous one into the
 // same register, and two FMA units want ~8 chains busy. Fewer rows, more chains per row.
 template <int ROWS>
@@ -86,20 +46,25 @@ constexpr int chains_per_row() {
     return ROWS >= 8 ? 1 : 8 / ROWS;
 }
 
+// Asked for while A's row k is computed: the row after next (this row's lines are on their way
+// already) and B^T's row k, which the expand reads next. Returns where the row after next starts.
+template <typename T>
+inline const char* prefetch_for_row(const T* pool, const int64_t* a_rows, const int64_t* b_rows, int k, int rank,
+                                    int64_t width) {
+    prefetch_lines(pool + b_rows[k], width * sizeof(T));
+    return reinterpret_cast<const char*>(pool + a_rows[k + 2 < rank ? k + 2 : rank - 1]);
+}
+
 // y[i * max_rank + k] = xs[i] . A[k] for the chunk's ROWS rows (xs: float32, in_features apart).
 template <int ROWS, typename T>
 void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* a_rows, int rank, float* y,
-            int64_t max_rank, const int64_t* b_rows, int64_t width, UpcomingChunk<T>& upcoming) {
+            int64_t max_rank, const int64_t* b_rows, int64_t width) {
     constexpr int kChains = chains_per_row<ROWS>();
     const int64_t unrolled = in_features / (kLanes * kChains) * (kLanes * kChains);
     const int64_t vectorized = in_features / kLanes * kLanes;
     for (int k = 0; k < rank; k++) {
-        upcoming.fetch();
         const T* a = pool + a_rows[k];
-        // While this row is read, fetch the next one, a line at a time.
-        const char* ahead = reinterpret_cast<const char*>(pool + a_rows[k + 1 < rank ? k + 1 : k]);
-        // The expand that follows reads B^T's rows: ask for row k now, while A's are computed.
-        prefetch_lines(pool + b_rows[k], width * sizeof(T));
+        const char* ahead = prefetch_for_row(pool, a_rows, b_rows, k, rank, width);
         Floats sums[ROWS][kChains] = {};
         int64_t h = 0;
         for (; h < unrolled; h += kLanes * kChains) {
@@ -124,6 +89,58 @@ void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* 
     }
 }
 
+#ifdef __AVX512BF16__
+// shrink() for bfloat16 rows on the CPU's bf16 dot-product instruction (vdpbf16ps): 32 of A's
+// weights against 32 of x's values as they are, with no conversion to float32 (which made the
+// shrink compute-bound). A product of two bfloat16 is exact in float32 and the products are
+// summed in float32, as shrink() sums them, in another order.
+constexpr bool kBf16DotProducts = true;
+
+template <int ROWS>
+void shrink_bf16(const BFloat16* const* x_rows, int64_t in_features, const BFloat16* pool, const int64_t* a_rows,
+                 int rank, float* y, int64_t max_rank, const int64_t* b_rows, int64_t width) {
+    constexpr int kPairLanes = 32;  // bfloat16 per vector
+    constexpr int kChains = chains_per_row<ROWS>();
+    const int64_t unrolled = in_features / (kPairLanes * kChains) * (kPairLanes * kChains);
+    for (int k = 0; k < rank; k++) {
+        const BFloat16* a = pool + a_rows[k];
+        const char* ahead = prefetch_for_row(pool, a_rows, b_rows, k, rank, width);
+        __m512 sums[ROWS][kChains];
+        for (int i = 0; i < ROWS; i++)
+            for (int chain = 0; chain < kChains; chain++) sums[i][chain] = _mm512_setzero_ps();
+        int64_t h = 0;
+        for (; h < unrolled; h += kPairLanes * kChains) {
+            prefetch_lines(ahead + h * sizeof(BFloat16), kPairLanes * kChains * sizeof(BFloat16));
+            for (int chain = 0; chain < kChains; chain++) {
+                const __m512bh weights = (__m512bh)_mm512_loadu_si512(a + h + chain * kPairLanes);
+                for (int i = 0; i < ROWS; i++) {
+                    const __m512bh xs = (__m512bh)_mm512_loadu_si512(x_rows[i] + h + chain * kPairLanes);
+                    sums[i][chain] = _mm512_dpbf16_ps(sums[i][chain], weights, xs);
+                }
+            }
+        }
+        for (; h < in_features; h += kPairLanes) {  // masked: lanes past the row's end load as zeros
+            const __mmask32 lanes = in_features - h >= kPairLanes ? ~0u : (1u << (in_features - h)) - 1;
+            const __m512bh weights = (__m512bh)_mm512_maskz_loadu_epi16(lanes, a + h);
+            for (int i = 0; i < ROWS; i++) {
+                const __m512bh xs = (__m512bh)_mm512_maskz_loadu_epi16(lanes, x_rows[i] + h);
+                sums[i][0] = _mm512_dpbf16_ps(sums[i][0], weights, xs);
+            }
+        }
+        for (int i = 0; i < ROWS; i++) {
+            for (int chain = 1; chain < kChains; chain++) sums[i][0] = _mm512_add_ps(sums[i][0], sums[i][chain]);
+            y[i * max_rank + k] = lanes_sum(Floats16(sums[i][0]));
+        }
+    }
+}
+#else
+constexpr bool kBf16DotProducts = false;
+
+// Declared only: chunk() names it in a branch it never takes here.
+template <int ROWS>
+void shrink_bf16(const BFloat16* const* x_rows, int64_t in_features, const BFloat16* pool, const int64_t* a_rows,
+                 int rank, float* y, int64_t max_rank, const int64_t* b_rows, int64_t width) = delete;
+#endif
 
 // out[i][o .. o + VECTORS * kLanes) += scale * (y[i] @ B^T) for the chunk's ROWS rows: the
 // ROWS x VECTORS partial sums stay in registers while B's rows stream past.
@@ -171,17 +188,25 @@ template <int ROWS, typename T>
 void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, const int64_t* a_rows,
            const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
            const int64_t* widths, int64_t num_projections, const int64_t* rows, int32_t slot, T* out,
-           int64_t out_stride, float* xs, float* y, UpcomingChunk<T>& upcoming) {
-    for (int i = 0; i < ROWS; i++) load_row(x + rows[i] * x_stride, in_features, xs + i * in_features);
+           int64_t out_stride, float* xs, float* y) {
+    constexpr bool bf16_dot_products = kBf16DotProducts && std::is_same_v<T, BFloat16>;
+    const T* x_rows[ROWS];
+    for (int i = 0; i < ROWS; i++) x_rows[i] = x + rows[i] * x_stride;
+    if constexpr (!bf16_dot_products)
+        for (int i = 0; i < ROWS; i++) load_row(x_rows[i], in_features, xs + i * in_features);
     T* targets[ROWS];
     for (int i = 0; i < ROWS; i++) targets[i] = out + rows[i] * out_stride;
     for (int64_t j = 0; j < num_projections; j++) {
         const int64_t table = j * num_slots + slot;
         const int rank = ranks[table];
         if (rank > 0) {
-            shrink<ROWS>(xs, in_features, pool, a_rows + table * max_rank, rank, y, max_rank, b_rows + table * max_rank,
-                         widths[j], upcoming);
-            expand<ROWS>(y, max_rank, pool, b_rows + table * max_rank, rank, scales[table], targets, widths[j]);
+            const int64_t* a_table = a_rows + table * max_rank;
+            const int64_t* b_table = b_rows + table * max_rank;
+            if constexpr (bf16_dot_products)
+                shrink_bf16<ROWS>(x_rows, in_features, pool, a_table, rank, y, max_rank, b_table, widths[j]);
+            else
+                shrink<ROWS>(xs, in_features, pool, a_table, rank, y, max_rank, b_table, widths[j]);
+            expand<ROWS>(y, max_rank, pool, b_table, rank, scales[table], targets, widths[j]);
         }
         for (int i = 0; i < ROWS; i++) targets[i] += widths[j];
     }
@@ -199,21 +224,17 @@ void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, 
 #pragma omp parallel num_threads(num_threads)
     {
         std::vector<float> xs(kChunkRows * in_features), y(kChunkRows * max_rank);
-        // Each thread takes a contiguous share of the chunks, so it knows which comes next.
+        // Each thread takes a contiguous share of the chunks: a slot's chunks mostly stay on one
+        // thread, which then reads its adapter's weights once.
         const auto [begin, end] = thread_share(num_chunks, omp_get_thread_num(), omp_get_num_threads());
         for (int64_t c = begin; c < end; c++) {
             const int32_t first = chunks[3 * c], rows = chunks[3 * c + 1] - first, slot = chunks[3 * c + 2];
-            UpcomingChunk<T> next{pool, a_rows, b_rows, ranks, widths, num_slots, max_rank, in_features, num_projections,
-                                  c + 1 < end ? chunks[3 * (c + 1) + 2] : 0};
-            int64_t rank_rows = 0;
-            for (int64_t j = 0; j < num_projections; j++) rank_rows += ranks[j * num_slots + slot];
-            if (c + 1 < end && rank_rows > 0) next.lines_per_call = (next.total_lines() + rank_rows - 1) / rank_rows;
             // One instance per row count: the per-row partial sums then live in registers.
             switch (rows) {
 #define LORA_CHUNK(ROWS)                                                                                          \
     case ROWS:                                                                                                    \
         chunk<ROWS>(x, x_stride, in_features, pool, a_rows, b_rows, ranks, scales, num_slots, max_rank, widths, \
-                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data(), next);         \
+                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data());               \
         break;
                 LORA_CHUNK(1) LORA_CHUNK(2) LORA_CHUNK(3) LORA_CHUNK(4)
                 LORA_CHUNK(5) LORA_CHUNK(6) LORA_CHUNK(7) LORA_CHUNK(8)

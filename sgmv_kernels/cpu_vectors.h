@@ -66,13 +66,19 @@ inline Floats load_vector(const BFloat16* source) {
 
 inline void store_vector(float* target, Floats v) { std::memcpy(target, &v, sizeof v); }
 
-// store() for a vector: round to nearest even, NaN to the canonical quiet NaN.
-inline void store_vector(BFloat16* target, Floats v) {
+// v rounded to bfloat16 as store() rounds it (nearest even, NaN to the canonical quiet NaN),
+// as float32 bits: the bfloat16 in the upper halves, zeros below. In registers: a round trip
+// through memory stalls on store forwarding.
+inline Words bfloat16_bits(Floats v) {
     Words bits;
     std::memcpy(&bits, &v, sizeof bits);
-    const Words rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const Words rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
     const Words is_nan = (bits & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
-    const Halves halves = __builtin_convertvector((rounded & ~is_nan) | (0x7fc0u & is_nan), Halves);
+    return (rounded & ~is_nan) | (0x7fc00000u & is_nan);
+}
+
+inline void store_vector(BFloat16* target, Floats v) {
+    const Halves halves = __builtin_convertvector(bfloat16_bits(v) >> 16, Halves);
     std::memcpy(target, &halves, sizeof halves);
 }
 

@@ -16,9 +16,6 @@
 #include <cstring>
 #include <initializer_list>
 
-// No fused multiply-add: x * cos + rotated * sin must round both products, as torch does.
-#pragma GCC optimize("fp-contract=off")
-
 namespace {
 
 // Below this many elements a step runs on one thread: waking the others costs more.
@@ -29,9 +26,10 @@ constexpr int64_t kParallelElements = 1 << 14;
 // v rounded to T and back, as storing it in a tensor of dtype T would round it.
 inline Floats rounded(Floats v, const float*) { return v; }
 inline Floats rounded(Floats v, const BFloat16*) {
-    BFloat16 halves[kLanes];
-    store_vector(halves, v);
-    return load_vector(halves);
+    const Words bits = bfloat16_bits(v);
+    Floats result;
+    std::memcpy(&result, &bits, sizeof result);
+    return result;
 }
 inline float rounded(float v, const float*) { return v; }
 inline float rounded(float v, const BFloat16*) {
@@ -39,6 +37,34 @@ inline float rounded(float v, const BFloat16*) {
     store(&half, v);
     return load(half);
 }
+
+// x * sigmoid(x) from e = e^-|x| <= 1, which never overflows: x / (1 + e) for x >= 0, x e / (1 + e) below.
+inline Floats silu(Floats x) {
+    const Floats e = exp_nonpositive(x < 0 ? x : -x);
+    return (x < 0 ? x * e : x) / (1.0f + e);
+}
+
+template <typename T>
+void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t width, int num_threads) {
+    const T* tag = nullptr;
+    const int64_t vectorized = width / kLanes * kLanes;
+#pragma omp parallel for num_threads(num_threads) if (rows * width >= kParallelElements)
+    for (int64_t row = 0; row < rows; row++) {
+        const T* gate = gate_up + row * 2 * width;
+        const T* up = gate + width;
+        T* y = out + row * width;
+        for (int64_t i = 0; i < vectorized; i += kLanes)
+            store_vector(y + i, rounded(silu(load_vector(gate + i)), tag) * load_vector(up + i));
+        for (int64_t i = vectorized; i < width; i++) {
+            const float g = load(gate[i]);
+            store(y + i, rounded(g / (1.0f + std::exp(-g)), tag) * load(up[i]));
+        }
+    }
+}
+
+// From here on no fused multiply-add: x * cos + rotated * sin must round both products, as
+// torch does. (SiLU's e^x above keeps it: its polynomial is half as many instructions with it.)
+#pragma GCC optimize("fp-contract=off")
 
 template <typename T>
 void add_rms_norm(const T* delta, T* residual, const T* weight, T* out, int64_t rows, int64_t hidden, float eps,
@@ -73,30 +99,6 @@ void add_rms_norm(const T* delta, T* residual, const T* weight, T* out, int64_t 
             store_vector(y + i, load_vector(weight + i) * rounded(load_vector(x + i) * inverse_rms, tag));
         for (int64_t i = vectorized; i < hidden; i++)
             store(y + i, load(weight[i]) * rounded(load(x[i]) * inverse_rms, tag));
-    }
-}
-
-// x * sigmoid(x) from e = e^-|x| <= 1, which never overflows: x / (1 + e) for x >= 0, x e / (1 + e) below.
-inline Floats silu(Floats x) {
-    const Floats e = exp_nonpositive(x < 0 ? x : -x);
-    return (x < 0 ? x * e : x) / (1.0f + e);
-}
-
-template <typename T>
-void silu_mul(const T* gate_up, T* out, int64_t rows, int64_t width, int num_threads) {
-    const T* tag = nullptr;
-    const int64_t vectorized = width / kLanes * kLanes;
-#pragma omp parallel for num_threads(num_threads) if (rows * width >= kParallelElements)
-    for (int64_t row = 0; row < rows; row++) {
-        const T* gate = gate_up + row * 2 * width;
-        const T* up = gate + width;
-        T* y = out + row * width;
-        for (int64_t i = 0; i < vectorized; i += kLanes)
-            store_vector(y + i, rounded(silu(load_vector(gate + i)), tag) * load_vector(up + i));
-        for (int64_t i = vectorized; i < width; i++) {
-            const float g = load(gate[i]);
-            store(y + i, rounded(g / (1.0f + std::exp(-g)), tag) * load(up[i]));
-        }
     }
 }
 

@@ -93,7 +93,7 @@ void shrink(const float* xs, int64_t in_features, const T* pool, const int64_t* 
 // shrink() for bfloat16 rows on the CPU's bf16 dot-product instruction (vdpbf16ps): 32 of A's
 // weights against 32 of x's values as they are, with no conversion to float32 (which made the
 // shrink compute-bound). A product of two bfloat16 is exact in float32 and the products are
-// summed in float32, as shrink() sums them, in another order.
+// summed in float32, as shrink() sums them, in another order (and denormals count as zero).
 constexpr bool kBf16DotProducts = true;
 
 template <int ROWS>

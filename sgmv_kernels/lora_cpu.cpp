@@ -21,8 +21,10 @@
 #include <type_traits>
 #include <vector>
 
-#include <immintrin.h>
 #include <omp.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>  // only x86 has it
+#endif
 
 namespace {
 

@@ -246,7 +246,9 @@ class LLMEngine:
 def _timings(request: Request) -> RequestTimings:
     arrival = request.arrival_time
     first = min((seq.token_times[0] for seq in request.seqs if seq.token_times), default=None)
-    main_times = request.seqs[0].token_times
+    # Latencies once, when the request finishes: listing them at every step of every running
+    # request would cost O(tokens) per token.
+    main_times = request.seqs[0].token_times if request.is_finished else []
     return RequestTimings(
         queue_time=None if request.first_scheduled_time is None else request.first_scheduled_time - arrival,
         ttft=None if first is None else first - arrival,

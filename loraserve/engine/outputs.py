@@ -20,7 +20,8 @@ class RequestTimings:
 
     queue_time: float | None  # arrival -> first scheduled
     ttft: float | None  # arrival -> first token
-    inter_token_latencies: list[float] = field(default_factory=list)  # between consecutive tokens of completion 0
+    # Between consecutive tokens of completion 0; filled in the request's finished output.
+    inter_token_latencies: list[float] = field(default_factory=list)
     e2e: float | None = None  # arrival -> finished
 
 

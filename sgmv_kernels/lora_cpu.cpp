@@ -144,6 +144,10 @@ void shrink_bf16(const BFloat16* const* x_rows, int64_t in_features, const BFloa
                  int rank, float* y, int64_t max_rank, const int64_t* b_rows, int64_t width) = delete;
 #endif
 
+// Whether rows of T take shrink_bf16, which reads x as it is, or shrink(), which reads float32 copies.
+template <typename T>
+constexpr bool kDotProductShrink = kBf16DotProducts && std::is_same_v<T, BFloat16>;
+
 // out[i][o .. o + VECTORS * kLanes) += scale * (y[i] @ B^T) for the chunk's ROWS rows: the
 // ROWS x VECTORS partial sums stay in registers while B's rows stream past.
 template <int ROWS, int VECTORS, typename T>
@@ -191,10 +195,9 @@ void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, con
            const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
            const int64_t* widths, int64_t num_projections, const int64_t* rows, int32_t slot, T* out,
            int64_t out_stride, float* xs, float* y) {
-    constexpr bool bf16_dot_products = kBf16DotProducts && std::is_same_v<T, BFloat16>;
     const T* x_rows[ROWS];
     for (int i = 0; i < ROWS; i++) x_rows[i] = x + rows[i] * x_stride;
-    if constexpr (!bf16_dot_products)
+    if constexpr (!kDotProductShrink<T>)
         for (int i = 0; i < ROWS; i++) load_row(x_rows[i], in_features, xs + i * in_features);
     T* targets[ROWS];
     for (int i = 0; i < ROWS; i++) targets[i] = out + rows[i] * out_stride;
@@ -204,7 +207,7 @@ void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, con
         if (rank > 0) {
             const int64_t* a_table = a_rows + table * max_rank;
             const int64_t* b_table = b_rows + table * max_rank;
-            if constexpr (bf16_dot_products)
+            if constexpr (kDotProductShrink<T>)
                 shrink_bf16<ROWS>(x_rows, in_features, pool, a_table, rank, y, max_rank, b_table, widths[j]);
             else
                 shrink<ROWS>(xs, in_features, pool, a_table, rank, y, max_rank, b_table, widths[j]);
@@ -225,7 +228,7 @@ void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, 
               int64_t num_chunks, T* out, int64_t out_stride, int num_threads) {
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<float> xs(kChunkRows * in_features), y(kChunkRows * max_rank);
+        std::vector<float> xs(kDotProductShrink<T> ? 0 : kChunkRows * in_features), y(kChunkRows * max_rank);
         // Each thread takes a contiguous share of the chunks: a slot's chunks mostly stay on one
         // thread, which then reads its adapter's weights once.
         const auto [begin, end] = thread_share(num_chunks, omp_get_thread_num(), omp_get_num_threads());

@@ -121,9 +121,15 @@ inline Floats exp_nonpositive(Floats x) {
     return below ? Floats{} : p * scale;
 }
 
-// Ask for every cache line of [start, start + bytes) ahead of its use.
+// Ask for a cache line ahead of its use, into L2 only (prefetcht1; PLDL2KEEP on Arm). What the
+// kernels prefetch (adapter weights, KV blocks) is read from memory once a step; a prefetch into
+// L1 holds one of L1's few miss buffers until the line arrives, so fewer lines are on their way
+// at once. On a Zen 4 VM, L2 hints made the LoRA and decode attention kernels ~15% faster.
+inline void prefetch_line(const void* address) { __builtin_prefetch(address, 0, 2); }
+
+// Every cache line of [start, start + bytes).
 inline void prefetch_lines(const void* start, int64_t bytes) {
-    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(static_cast<const char*>(start) + offset);
+    for (int64_t offset = 0; offset < bytes; offset += 64) prefetch_line(static_cast<const char*>(start) + offset);
 }
 
 // Items [begin, end) of `count` for thread `thread` of `threads`: contiguous shares, so each

@@ -42,7 +42,7 @@ struct UpcomingRow {
         for (int64_t n = 0; n < lines_per_token && block < 2 * num_blocks; n++) {
             const T* cache = block < num_blocks ? k_cache + table[block] * block_stride
                                                 : v_cache + table[block - num_blocks] * block_stride;
-            __builtin_prefetch(reinterpret_cast<const char*>(cache) + line * 64);
+            prefetch_line(reinterpret_cast<const char*>(cache) + line * 64);
             if (++line == lines_per_block) line = 0, block++;
         }
     }

@@ -15,6 +15,9 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#ifdef __AVX512BF16__
+#include <immintrin.h>  // cpu_vectors.h rounds to bfloat16 with it
+#endif
 
 namespace {
 

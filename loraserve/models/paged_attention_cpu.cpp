@@ -20,6 +20,9 @@
 #include <vector>
 
 #include <omp.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>  // cpu_vectors.h rounds to bfloat16 with it
+#endif
 
 namespace {
 

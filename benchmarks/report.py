@@ -20,16 +20,24 @@ def machine_description(device: str = "cpu") -> str:
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         return f"{props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
+    bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
+    return f"{_cpu_name()}, {os.cpu_count()} cores ({bf16}), torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def _cpu_name() -> str:
+    """The CPU's model name with its family and model numbers: VMs that all call themselves
+    "AMD EPYC" differ by generation (family 25 model 17 is a Zen 4, family 26 a Zen 5)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
-    return f"{cpu}, {os.cpu_count()} cores ({bf16}), torch {torch.__version__}, {torch.get_num_threads()} threads"
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def write_section(path: Path, name: str, body: str) -> None:

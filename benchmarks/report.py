@@ -21,7 +21,8 @@ def machine_description(device: str = "cpu") -> str:
         props = torch.cuda.get_device_properties(0)
         return f"{props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}"
     bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
-    return f"{_cpu_name()}, {os.cpu_count()} cores ({bf16}), torch {torch.__version__}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"{_cpu_name()}, {os.cpu_count()} cores ({bf16}), torch {torch.__version__}, {threads} threads"
 
 
 def _cpu_name() -> str:

@@ -1,8 +1,16 @@
 // Shared by the CPU kernels (sgmv_kernels/lora_cpu.cpp, loraserve/models/*_cpu.cpp): bfloat16
 // and float32 loads and stores, one element or one vector at a time, a vector's lane sum, e^x
 // for x <= 0, prefetching, and each OpenMP thread's share of the work.
-// Include inside the kernel's anonymous namespace, after <immintrin.h> where __AVX512BF16__ is
-// defined (the bfloat16 rounding below uses the CPU's conversion there).
+// Each kernel is one translation unit: these live in an anonymous namespace, as its own code does.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#ifdef __AVX512BF16__
+#include <immintrin.h>  // the CPU's bfloat16 instructions (only x86 has this header)
+#endif
+
+namespace {
 
 // Floats per vector and vector registers of the machine -march=native builds for: kernels size
 // their register blocks by these (16-float vectors on AVX2 would take two registers each and spill).
@@ -158,3 +166,5 @@ struct Share {
 inline Share thread_share(int64_t count, int64_t thread, int64_t threads) {
     return {count * thread / threads, count * (thread + 1) / threads};
 }
+
+}  // namespace

@@ -22,15 +22,12 @@
 #include <vector>
 
 #include <omp.h>
-#ifdef __AVX512BF16__
-#include <immintrin.h>  // only x86 has it
-#endif
+
+#include "cpu_vectors.h"
 
 namespace {
 
 constexpr int kChunkRows = 8;
-
-#include "cpu_vectors.h"
 
 // A row of T to float32 (and the same back, adding): vectors, then the tail one by one.
 template <typename T>

@@ -15,16 +15,13 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#ifdef __AVX512BF16__
-#include <immintrin.h>  // cpu_vectors.h rounds to bfloat16 with it
-#endif
+
+#include "cpu_vectors.h"
 
 namespace {
 
 // Below this many elements a step runs on one thread: waking the others costs more.
 constexpr int64_t kParallelElements = 1 << 14;
-
-#include "cpu_vectors.h"
 
 // v rounded to T and back, as storing it in a tensor of dtype T would round it.
 inline Floats rounded(Floats v, const float*) { return v; }

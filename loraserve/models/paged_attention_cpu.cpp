@@ -20,13 +20,10 @@
 #include <vector>
 
 #include <omp.h>
-#ifdef __AVX512BF16__
-#include <immintrin.h>  // cpu_vectors.h rounds to bfloat16 with it
-#endif
-
-namespace {
 
 #include "cpu_vectors.h"
+
+namespace {
 
 // The next row's K and V blocks, asked for a few cache lines per token of the current row:
 // the next row then starts with its context on its way instead of waiting on memory block

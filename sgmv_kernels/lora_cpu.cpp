@@ -29,7 +29,7 @@ namespace {
 
 constexpr int kChunkRows = 8;
 
-// A row of T to float32 (and the same back, adding): vectors, then the tail one by one.
+// A row of T to float32 (the FMA shrink reads x as float32): vectors, then the tail one by one.
 template <typename T>
 inline void load_row(const T* source, int64_t length, float* target) {
     int64_t h = 0;

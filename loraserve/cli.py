@@ -27,6 +27,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=env("LORASERVE_DEVICE", "cpu"), help="cpu | cuda")
     parser.add_argument("--max-num-seqs", type=int, default=128, help="sequences decoding together")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (chunked prefill)")
+    parser.add_argument("--max-n", type=int, default=SchedulerConfig.max_n, help="completions one request may ask for")
     parser.add_argument(
         "--pool-memory", type=int, default=CacheConfig.pool_memory,
         help="bytes for the memory pool that KV blocks and loaded adapters share (default 2 GiB)",
@@ -55,7 +56,9 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
             pool_memory_fraction=args.pool_memory_fraction,
             prefix_caching=args.prefix_caching,
         ),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_n=args.max_n
+        ),
         lora=LoraConfig(
             max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, host_cache_bytes=args.host_cache_bytes
         ),
@@ -82,16 +85,20 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         help="require this bearer key on inference routes (repeatable; env LORASERVE_API_KEYS, comma-separated)",
     )  # fmt: skip
     parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes)
+    parser.add_argument(
+        "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,
+        help="exit non-zero once the engine has stopped for good, so systemd, Kubernetes or Ray restart the "
+        "server (default); with --no-exit-on-engine-death it stays up, /health answering 503",
+    )  # fmt: skip
     parser.add_argument("--no-samples", action="store_true", help="do not register the sample adapters on first start")
 
 
 def _serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from loraserve.engine import LLMEngine
     from loraserve.engine.async_engine import AsyncLLMEngine
     from loraserve.engine.openmp import in_passing_thread, keep_serial
     from loraserve.server.app import create_app
+    from loraserve.server.process import run_server
 
     config = ServerConfig(
         data_dir=args.data_dir,
@@ -111,7 +118,8 @@ def _serve(args: argparse.Namespace) -> None:
         print(f"loraserve: admin token for this run (choose one with --admin-token): {state.admin_token}", flush=True)
     adapters = ", ".join(info.name for info in state.catalog.ready) or "none yet"
     print(f"loraserve: serving {state.model_name} on http://{args.host}:{args.port} (adapters: {adapters})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    if run_server(app, engine, args.host, args.port, args.exit_on_engine_death):
+        sys.exit(f"loraserve: exiting because the engine stopped: {engine.error!r}")
 
 
 def _generate(args: argparse.Namespace) -> None:

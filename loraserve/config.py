@@ -70,6 +70,7 @@ class SchedulerConfig:
     max_num_seqs: int = 128  # sequences decoding together
     max_num_batched_tokens: int = 512  # tokens computed in one step; longer prompts are chunked
     max_model_len: int | None = None  # None = the model's context window
+    max_n: int = 128  # completions one request may ask for (OpenAI's limit)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -78,6 +79,8 @@ class SchedulerConfig:
             raise ConfigError("--max-num-batched-tokens", "must be at least 1")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError("--max-model-len", "must be at least 2")
+        if self.max_n < 1:
+            raise ConfigError("--max-n", "must be at least 1")
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,15 @@ class AdapterNotFoundError(LoraserveError, LookupError):
 
 class AdapterUnavailableError(LoraserveError):
     """A registered adapter could not be loaded when a request needed it (503 on the wire)."""
+
+
+class ModelNotFoundError(LoraserveError, LookupError):
+    """A request's `model` names neither the base model nor an adapter (404 on the wire)."""
+
+
+class RequestFailedError(LoraserveError):
+    """Scheduling or computing this request raised; the other requests went on (500 on the wire)."""
+
+
+class EngineDeadError(LoraserveError):
+    """The step loop stopped for good (an unrecoverable device error); no request can make progress (503)."""

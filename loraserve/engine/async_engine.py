@@ -20,14 +20,11 @@ from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.openmp import keep_serial
 from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
+from loraserve.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class EngineDeadError(RuntimeError):
-    """The step loop failed; no request can make progress."""
 
 
 @dataclass
@@ -39,8 +36,9 @@ class _Stream:
 class AsyncLLMEngine:
     """Owns the engine thread; the only code that calls `LLMEngine.step` in the server."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_death: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
+        self.on_death = on_death  # called from the engine thread once the loop has stopped for good
         self._lock = threading.Lock()  # held for each step, add and abort
         self._has_work = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -52,6 +50,11 @@ class AsyncLLMEngine:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def error(self) -> BaseException | None:
+        """Why the step loop stopped (only an unrecoverable error stops it); None while it runs."""
+        return self._error
+
     def shutdown(self) -> None:
         self._stopping = True
         self._has_work.set()
@@ -62,8 +65,6 @@ class AsyncLLMEngine:
         self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that touched it, the last one finished."""
-        if self._error is not None:
-            raise EngineDeadError(f"the engine stopped: {self._error}")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         await asyncio.to_thread(self._add, request_id, prompt, params, adapter, stream)
         finished = False
@@ -105,6 +106,8 @@ class AsyncLLMEngine:
     ) -> None:
         keep_serial()
         with self._lock:
+            if self._error is not None:
+                raise EngineDeadError(f"the engine stopped: {self._error}")
             self.engine.add_request(request_id, prompt, params, adapter=adapter)
             self._streams[request_id] = stream
         self._has_work.set()
@@ -124,11 +127,14 @@ class AsyncLLMEngine:
                     for output in outputs:
                         if output.finished:
                             self._streams.pop(output.request_id, None)
-            except Exception as error:  # a bug or a device failure: fail every waiting request loudly
-                logger.exception("engine step failed")
-                self._error = error
+            except Exception as error:  # not one request's fault (step_isolation.py): the device's state is lost
+                logger.critical("the engine stopped: %r", error, exc_info=error)
+                with self._lock:  # no request is added after this without seeing the error (`_add`)
+                    self._error = error
                 for waiting in self._streams.values():
                     waiting.loop.call_soon_threadsafe(waiting.queue.put_nowait, error)
+                if self.on_death is not None:
+                    self.on_death(error)
                 return
             for receiver, output in deliveries:
                 if receiver is not None:

@@ -45,6 +45,15 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return len(self.decodes) + sum(item.num_new_tokens for item in self.prefills)
 
+    def subset(self, items: list[ScheduledSequence]) -> ScheduledBatch:
+        """The same step for `items` alone (in this batch's order), without block copies: those are done."""
+        wanted = {id(item) for item in items}
+        return ScheduledBatch(
+            decodes=[item for item in self.decodes if id(item) in wanted],
+            prefills=[item for item in self.prefills if id(item) in wanted],
+            block_copies=[],
+        )
+
     @property
     def sampling_seqs(self) -> list[Sequence]:
         """Every sequence that gets a token this step, in the order of `StepOutput`."""

@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from loraserve.config import EngineConfig
+from loraserve.engine.batch import ScheduledBatch
 from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.model_runner import ModelRunner
-from loraserve.engine.outputs import CompletionOutput, RequestOutput, RequestTimings
+from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
 from loraserve.engine.page_allocator import PageUse
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.stats import EngineStats, ResidentAdapter
+from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
 from loraserve.lora.manager import AdapterManager, AdapterSource
 from loraserve.models import LoadedModel, load_model
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -43,6 +48,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
         self._requests: dict[str, Request] = {}
         self._retiring: set[str] = set()  # removed adapters whose last requests still run
+        self.num_failed_steps = 0  # steps in which some row raised (step_isolation.py)
+        self.num_failed_requests = 0  # requests ended because scheduling or computing them raised
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -100,7 +107,7 @@ class LLMEngine:
             raise UnknownAdapterError(adapter)
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
-        self._validate_prompt(token_ids, params)
+        self._validate_request(token_ids, params)
         request = Request(
             request_id=request_id,
             prompt=text,
@@ -157,6 +164,8 @@ class LLMEngine:
             prefix_cache_blocks=self.block_manager.num_cached_blocks,
             prefix_cache_queried_tokens=self.scheduler.prefix_cache_queried_tokens,
             prefix_cache_hit_tokens=self.scheduler.prefix_cache_hit_tokens,
+            failed_steps=self.num_failed_steps,
+            failed_requests=self.num_failed_requests,
         )
 
     def reset_prefix_cache(self) -> None:
@@ -173,11 +182,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration of the batch; returns the requests that got tokens (finished ones last time)."""
         batch = self.scheduler.schedule()
-        touched = self.scheduler.take_failed()
-        if not batch.is_empty:
-            output = self.model_runner.run(batch)
-            touched += self.scheduler.postprocess(batch, output)
-        elif not touched and self.scheduler.has_unfinished():
+        touched = [] if batch.is_empty else self._run(batch)
+        failed = self.scheduler.take_failed()
+        self.num_failed_requests += sum(r.error is not None and r.error.code == STEP_FAILED for r in failed)
+        touched = failed + touched
+        if batch.is_empty and not touched and self.scheduler.has_unfinished():
             self.adapters.wait_for_load(timeout=0.05)  # nothing can run before an adapter arrives
         results = [self.request_output(request) for request in touched]
         finished = [request for request in touched if request.is_finished]
@@ -186,6 +195,18 @@ class LLMEngine:
         if finished:
             self._forget_retired_adapters()
         return results
+
+    def _run(self, batch: ScheduledBatch) -> list[Request]:
+        """Compute the step; a row that raises ends its own request with an error, and the rest go on."""
+        self.model_runner.copy_blocks(batch.block_copies)
+        ran = run_isolating_failures(self.model_runner.run, batch, self.model_runner.is_unrecoverable)
+        if ran.failures:
+            self.num_failed_steps += 1
+        for failure in ran.failures:
+            request = failure.item.seq.request
+            logger.error("request %r failed in a step: %r", request.request_id, failure.error, exc_info=failure.error)
+            self.scheduler.fail_request(request, RequestError(STEP_FAILED, f"computing it failed: {failure.error!r}"))
+        return self.scheduler.postprocess(ran.batch, ran.output)
 
     def _forget_retired_adapters(self) -> None:
         in_use = {request.adapter for request in self._requests.values()}
@@ -221,7 +242,10 @@ class LLMEngine:
             num_cached_tokens=request.num_cached_tokens,
         )
 
-    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+    def _validate_request(self, token_ids: list[int], params: SamplingParams) -> None:
+        """What only the engine knows: the vocabulary, the context window, the KV pool's size, --max-n."""
+        if params.n > self.config.scheduler.max_n:
+            raise InvalidRequestError("n", f"must be at most {self.config.scheduler.max_n} (--max-n), got {params.n}")
         if not token_ids:
             raise InvalidRequestError("prompt", "is empty")
         if len(token_ids) >= self.max_model_len:
@@ -233,13 +257,19 @@ class LLMEngine:
         vocab = self.loaded.model.spec.vocab_size
         if any(not 0 <= t < vocab for t in token_ids):
             raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab})")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids", f"token ids must be in [0, {vocab})")
+        # The n completions share the prompt's full blocks; each needs the rest of its own.
         longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
-        if self.block_manager.blocks_for_tokens(longest) > self.block_manager.num_blocks:
+        shared = len(token_ids) // self.block_manager.block_size
+        needed = shared + params.n * (self.block_manager.blocks_for_tokens(longest) - shared)
+        if needed > self.block_manager.num_blocks:
+            field = "max_tokens" if params.n == 1 else "n"
             raise InvalidRequestError(
-                "max_tokens",
-                f"prompt + max_tokens = {longest} tokens need more KV blocks than the cache has "
-                f"({self.block_manager.num_blocks} of {self.block_manager.block_size} tokens); "
-                "lower max_tokens or raise --pool-memory",
+                field,
+                f"n = {params.n} completions of prompt + max_tokens = {longest} tokens need {needed} KV blocks; "
+                f"the cache has {self.block_manager.num_blocks} of {self.block_manager.block_size} tokens: "
+                "lower n or max_tokens, or raise --pool-memory",
             )
 
 

@@ -16,6 +16,8 @@ import torch
 
 from loraserve.config import CacheConfig, LoraConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
+from loraserve.engine.block_manager import BlockCopy
+from loraserve.engine.faults import FaultInjector
 from loraserve.engine.sampler import Sampler
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch
 from loraserve.lora.memory_pool import MemoryPool, pool_pages
@@ -52,6 +54,7 @@ class ModelRunner:
         num_pages = pool_pages(cache_config, spec, self.dtype, self.device)
         self.pool = MemoryPool(spec, self.block_size, num_pages, self.dtype, self.device)
         self.sampler = Sampler(seed, self.device)
+        self.faults = FaultInjector()
         self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
         on_cpu = self.device == "cpu"
         self.cpu_lora_kernel = load_kernel(cache_dir / "kernels") if on_cpu else None
@@ -61,14 +64,25 @@ class ModelRunner:
         self.model.use_layer_ops(layer_ops if layer_ops and layer_ops.supports(self.dtype) else None)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> StepOutput:
-        if batch.block_copies:
-            sources, destinations = zip(*batch.block_copies, strict=True)
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        """The step's copy-on-write block copies; before `run`, which may run the step again in parts."""
+        if copies:
+            sources, destinations = zip(*copies, strict=True)
             self.pool.copy_blocks(list(sources), list(destinations))
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        """Forward and sample the batch; its block copies must be done (`copy_blocks`)."""
         inputs = self.prepare_inputs(batch)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_caches, inputs.lora)
+        self.faults.check(batch)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_index))  # [S, vocab]
         return self.sampler(logits, batch.sampling_seqs)
+
+    @staticmethod
+    def is_unrecoverable(error: Exception) -> bool:
+        """After a device fault (CUDA's illegal address, ...) neither the KV cache nor the adapters can be trusted."""
+        return isinstance(error, torch.AcceleratorError) or "CUDA error" in str(error)
 
     def prepare_inputs(self, batch: ScheduledBatch) -> ModelInputs:
         input_ids: list[int] = []

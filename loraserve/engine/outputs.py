@@ -14,6 +14,18 @@ class TokenLogprob:
     top: dict[int, float]  # token id -> logprob, the `logprobs` most likely tokens
 
 
+ADAPTER_UNAVAILABLE = "adapter_unavailable"  # its adapter could not be loaded
+STEP_FAILED = "step_failed"  # scheduling or computing it raised; the other requests went on
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why a request ended with finish_reason "error"."""
+
+    code: str  # ADAPTER_UNAVAILABLE or STEP_FAILED
+    message: str
+
+
 @dataclass
 class RequestTimings:
     """Wall-clock latencies of one request, in seconds."""
@@ -32,7 +44,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop", "length", "abort" or None while running
+    finish_reason: str | None  # "stop", "length", "abort", "error" or None while running
     logprobs: list[TokenLogprob] | None = None
     stop_reason: int | str | None = None  # with "stop": the stop token id or the stop string
 
@@ -47,5 +59,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     timings: RequestTimings
-    error: str | None = None  # set when it ended with finish_reason "error" (its adapter could not be loaded)
+    error: RequestError | None = None  # set when it ended with finish_reason "error"
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache instead of computed

@@ -44,14 +44,16 @@ class Sampler:
         logits = logits / temperature.unsqueeze(1)
         top_k = [s.params.top_k for s in seqs]
         top_p = [s.params.top_p for s in seqs]
-        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+        vocab = logits.shape[1]
+        if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
             logits = _apply_top_k_top_p(logits, top_k, top_p)
         probs = logits.softmax(dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self._generator)
         for row, seq in enumerate(seqs):
             if seq.params.seed is not None:
                 if seq.rng is None:
-                    seq.rng = torch.Generator(self._device).manual_seed(seq.params.seed + seq.index)
+                    # Any int64 seed; manual_seed takes [0, 2**64), so wrap around.
+                    seq.rng = torch.Generator(self._device).manual_seed((seq.params.seed + seq.index) % 2**64)
                 noise[row].exponential_(generator=seq.rng)
         return (probs / noise).max(dim=-1).indices
 
@@ -98,7 +100,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float
     vocab = logits.shape[1]
     device = logits.device
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = torch.tensor([kk if kk > 0 else vocab for kk in top_k], device=device).unsqueeze(1)
+    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=device).unsqueeze(1)
     ranks = torch.arange(vocab, device=device).unsqueeze(0)
     sorted_logits = sorted_logits.masked_fill(ranks >= k, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)

@@ -1,12 +1,28 @@
-"""How to sample a request's tokens, validated where the user hands it in."""
+"""How to sample a request's tokens, validated where the user hands it in.
+
+Every field is checked for its type and range here, so nothing a client sends can reach
+the sampler as a value it cannot hold (an int past int64, a NaN temperature, a list of a
+million stop strings): a bad value is an InvalidRequestError naming the field.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from loraserve.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Stop strings are searched at every token, their prefixes too (stop_checker.py): bounded work.
+MAX_STOP_STRINGS = 32
+MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+# Below this temperature logits / temperature can overflow float32: such rows are greedy (as in vLLM).
+MIN_SAMPLING_TEMPERATURE = 1e-5
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass
@@ -17,8 +33,8 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: no top-k cut
-    seed: int | None = None  # same seed, same prompt -> same tokens, whatever else is in the batch
+    top_k: int = 0  # 0 or -1: no top-k cut; above the vocabulary it cuts nothing
+    seed: int | None = None  # any int64; same seed, same prompt -> same tokens, whatever else is in the batch
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -31,36 +47,34 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids)
+        self.stop = _list_of(self.stop, "stop", "stop strings", MAX_STOP_STRINGS)
+        self.stop_token_ids = _list_of(self.stop_token_ids, "stop_token_ids", "token ids", MAX_STOP_TOKEN_IDS)
         if self.top_k == -1:
             self.top_k = 0
-        _check(self.n >= 1, "n", f"must be at least 1, got {self.n}")
-        _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
-        _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(self.top_k >= 0, "top_k", f"must be -1, 0 (disabled) or positive, got {self.top_k}")
-        _check(
-            -2.0 <= self.presence_penalty <= 2.0, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}"
-        )
-        _check(
-            -2.0 <= self.frequency_penalty <= 2.0,
-            "frequency_penalty",
-            f"must be in [-2, 2], got {self.frequency_penalty}",
-        )
-        _check(self.repetition_penalty > 0.0, "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
-        _check(
-            self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-            "logprobs",
-            f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}",
-        )
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
-        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
-        _check(self.seed is None or self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        _check_int(self.n, "n", 1, INT64_MAX)
+        _check_int(self.max_tokens, "max_tokens", 1, INT64_MAX)
+        _check_int(self.top_k, "top_k", 0, INT64_MAX, "must be -1 or 0 (no cut), or a positive integer below 2**63")
+        if self.seed is not None:
+            _check_int(self.seed, "seed", INT64_MIN, INT64_MAX)
+        if self.logprobs is not None:
+            _check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
+        _check_float(self.temperature, "temperature", lambda t: t >= 0.0, "must be >= 0")
+        _check_float(self.top_p, "top_p", lambda p: 0.0 < p <= 1.0, "must be in (0, 1]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_float(getattr(self, name), name, lambda x: -2.0 <= x <= 2.0, "must be in [-2, 2]")
+        _check_float(self.repetition_penalty, "repetition_penalty", lambda r: 1e-4 <= r <= 1e4,
+                     "must be in [1e-4, 1e4] (1 = none)")  # fmt: skip
+        for flag in ("ignore_eos", "skip_special_tokens"):
+            _check(isinstance(getattr(self, flag), bool), flag, "must be true or false")
+        for stop in self.stop:
+            _check(isinstance(stop, str) and 0 < len(stop) <= MAX_STOP_STRING_CHARS, "stop",
+                   f"stop strings must be strings of 1 to {MAX_STOP_STRING_CHARS} characters")  # fmt: skip
+        for token_id in self.stop_token_ids:
+            _check_int(token_id, "stop_token_ids", 0, INT64_MAX)
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < MIN_SAMPLING_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
@@ -70,3 +84,23 @@ class SamplingParams:
 def _check(ok: bool, field_name: str, message: str) -> None:
     if not ok:
         raise InvalidRequestError(field_name, message)
+
+
+def _check_int(value: Any, field_name: str, low: int, high: int, message: str | None = None) -> None:
+    # bool is an int in Python, never in JSON: true is not a count.
+    _check(isinstance(value, int) and not isinstance(value, bool), field_name, f"must be an integer, got {value!r}")
+    _check(low <= value <= high, field_name, f"{message or f'must be in [{low}, {high}]'}, got {value}")
+
+
+def _check_float(value: Any, field_name: str, in_range: Callable[[float], bool], message: str) -> None:
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    # The sampler computes in float32: larger values would become infinities there.
+    is_finite = is_number and math.isfinite(value) and abs(value) <= FLOAT32_MAX
+    _check(is_finite, field_name, f"must be a finite number, got {value!r}")
+    _check(in_range(value), field_name, f"{message}, got {value}")
+
+
+def _list_of(values: Any, field_name: str, what: str, max_items: int) -> list[Any]:
+    _check(isinstance(values, list | tuple), field_name, f"must be a list of {what}")
+    _check(len(values) <= max_items, field_name, f"at most {max_items} {what}, got {len(values)}")
+    return list(values)

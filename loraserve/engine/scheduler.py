@@ -19,6 +19,7 @@ Plain Python, no torch: tested without a model.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,9 +28,12 @@ from typing import Protocol
 from loraserve.config import SchedulerConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
+from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, STEP_FAILED, RequestError
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.lora.residency import Residency
+
+logger = logging.getLogger(__name__)
 
 # Free blocks kept back when admitting new work, so running sequences can grow a little.
 WATERMARK_FRACTION = 0.01
@@ -73,6 +77,7 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._watermark = int(block_manager.num_blocks * WATERMARK_FRACTION)
         self._failed: list[Request] = []
+        self._failing: dict[Request, RequestError] = {}  # found by `schedule`, ended by `take_failed`
         self._draining: str | None = None  # admits no new sequence until drained (see the module doc)
 
     def add_request(self, request: Request) -> None:
@@ -101,7 +106,7 @@ class Scheduler:
         while queue:
             seq = queue.popleft()
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if num_new == 0:
+            if num_new == 0 or seq.request in self._failing:
                 kept.append(seq)
                 continue
             while not self.block_manager.can_allocate(seq, num_new) and queue:
@@ -111,9 +116,13 @@ class Scheduler:
                 self._preempt(seq)
                 preempted = True
                 continue
-            copies += self.block_manager.allocate(seq, num_new)
-            chosen.append((seq, num_new))
             kept.append(seq)
+            try:
+                copies += self.block_manager.allocate(seq, num_new)
+            except Exception as error:
+                self._fail_after_step(seq, error)
+                continue
+            chosen.append((seq, num_new))
             budget -= num_new
         kept_ids = {seq.seq_id for seq in kept}
         self.running = [seq for seq in self.running if seq.seq_id in kept_ids]
@@ -123,41 +132,71 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs or preempted:
                 break
-            adapter = seq.request.adapter
+            if seq.request in self._failing:
+                continue
+            try:
+                admitted = self._admit(seq, budget, chosen, copies)
+            except Exception as error:
+                self._fail_after_step(seq, error)
+                continue
+            if admitted is None:
+                break
+            budget -= admitted
+        return self._build_batch(chosen, copies)
+
+    def _admit(
+        self, seq: Sequence, budget: int, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy]
+    ) -> int | None:
+        """Start the waiting `seq` if it can: its tokens this step, 0 if it must wait, None to admit no more."""
+        adapter = seq.request.adapter
+        if adapter is not None:
+            # The adapter first: once acquired it is busy, so finding KV room for this very
+            # sequence cannot evict it (idle adapters give their pages to KV).
+            if adapter == self._draining:
+                return 0
+            residency = self.adapters.acquire(adapter)
+            if residency is Residency.FAILED:
+                reason = self.adapters.failure(adapter) or "it could not be loaded"
+                self._failing[seq.request] = RequestError(ADAPTER_UNAVAILABLE, reason)
+                return 0
+            if residency is Residency.NO_SLOT and self._draining is None:
+                self._draining = self.adapters.drain_candidate()
+            if residency is not Residency.READY:
+                return 0
+        try:
             if adapter is not None:
-                # The adapter first: once acquired it is busy, so finding KV room for this very
-                # sequence cannot evict it (idle adapters give their pages to KV).
-                if adapter == self._draining:
-                    continue
-                residency = self.adapters.acquire(adapter)
-                if residency is Residency.FAILED:
-                    self._fail(seq)
-                    continue
-                if residency is Residency.NO_SLOT and self._draining is None:
-                    self._draining = self.adapters.drain_candidate()
-                if residency is not Residency.READY:
-                    continue
                 seq.cache_salt = self.adapters.content_hash(adapter).encode()
             seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
-                self.block_manager.free(seq)
-                seq.num_computed_tokens = 0
-                if adapter is not None:
-                    self.adapters.release(adapter)
-                break
-            self.prefix_cache_queried_tokens += seq.num_tokens
-            self.prefix_cache_hit_tokens += seq.num_computed_tokens
-            self.waiting.remove(seq)
+                self._unadmit(seq)
+                return None
             copies += self.block_manager.allocate(seq, num_new)
-            seq.status = SequenceStatus.RUNNING
-            if seq.request.first_scheduled_time is None:
-                seq.request.first_scheduled_time = self.clock()
-                seq.request.num_cached_tokens = seq.num_computed_tokens
-            self.running.append(seq)
-            chosen.append((seq, num_new))
-            budget -= num_new
-        return self._build_batch(chosen, copies)
+        except BaseException:
+            self._unadmit(seq)
+            raise
+        self.prefix_cache_queried_tokens += seq.num_tokens
+        self.prefix_cache_hit_tokens += seq.num_computed_tokens
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        if seq.request.first_scheduled_time is None:
+            seq.request.first_scheduled_time = self.clock()
+            seq.request.num_cached_tokens = seq.num_computed_tokens
+        self.running.append(seq)
+        chosen.append((seq, num_new))
+        return num_new
+
+    def _fail_after_step(self, seq: Sequence, error: Exception) -> None:
+        """One request's bad state must not stop the others' steps: it ends after this one (`take_failed`)."""
+        logger.exception("scheduling request %r failed", seq.request.request_id)
+        self._failing[seq.request] = RequestError(STEP_FAILED, f"scheduling it failed: {error!r}")
+
+    def _unadmit(self, seq: Sequence) -> None:
+        """Undo a half-done `_admit`: its blocks and its hold on the adapter go back."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        if seq.request.adapter is not None:
+            self.adapters.release(seq.request.adapter)
 
     def postprocess(self, batch: ScheduledBatch, output: StepOutput) -> list[Request]:
         """Record the step's tokens; finish sequences that are done. Returns the requests touched."""
@@ -181,19 +220,37 @@ class Scheduler:
         return list(touched.values())
 
     def take_failed(self) -> list[Request]:
-        """Requests ended with an error since the last call (their adapter could not be loaded)."""
+        """Requests ended with an error since the last call, the ones `schedule` found failing included.
+
+        Call it after the step: a failing request may have siblings (n > 1) in the step just
+        scheduled, whose blocks must stay theirs until it has run.
+        """
+        for request, error in self._failing.items():
+            self.fail_request(request, error)
+        self._failing.clear()
         failed, self._failed = self._failed, []
         return failed
 
     def abort(self, request: Request) -> None:
         """Stop every sequence of the request now and free its blocks."""
+        self._end(request, "abort")
+
+    def fail_request(self, request: Request, error: RequestError) -> None:
+        """End every sequence of the request with finish_reason "error"; `take_failed` reports it once."""
+        if request.is_finished:
+            return
+        request.error = error
+        self._end(request, "error")
+        self._failed.append(request)
+
+    def _end(self, request: Request, reason: str) -> None:
         now = self.clock()
         for seq in request.seqs:
             seq.pending_forks = 0
             if seq.status is SequenceStatus.WAITING:
                 self.waiting.remove(seq)
             if seq.status is not SequenceStatus.FINISHED:
-                self._finish(seq, "abort", now)
+                self._finish(seq, reason, now)
 
     def _build_batch(self, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy]) -> ScheduledBatch:
         decodes: list[ScheduledSequence] = []
@@ -237,14 +294,6 @@ class Scheduler:
             self._stop_running(seq)
         if seq.request.is_finished:
             seq.request.finished_time = now
-
-    def _fail(self, seq: Sequence) -> None:
-        self.waiting.remove(seq)
-        seq.pending_forks = 0  # n > 1: the siblings it would have forked fail with it
-        seq.request.error = self.adapters.failure(seq.request.adapter or "")
-        self._finish(seq, "error", self.clock())
-        if seq.request.is_finished:
-            self._failed.append(seq.request)
 
     def _stop_running(self, seq: Sequence) -> None:
         if seq.request.adapter is not None:

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from loraserve.engine.outputs import TokenLogprob
+from loraserve.engine.outputs import RequestError, TokenLogprob
 from loraserve.engine.sampling_params import SamplingParams
 
 
@@ -30,7 +30,7 @@ class Request:
     first_scheduled_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first scheduled
     finished_time: float | None = None
-    error: str | None = None  # why it ended with finish_reason "error"
+    error: RequestError | None = None  # why it ended with finish_reason "error"
 
     @property
     def is_finished(self) -> bool:

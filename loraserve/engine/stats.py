@@ -37,6 +37,8 @@ class EngineStats:
     prefix_cache_blocks: int  # KV blocks findable by their prefix, in use or free
     prefix_cache_queried_tokens: int  # tokens of the sequences admitted since start
     prefix_cache_hit_tokens: int  # of those, found in the prefix cache instead of computed
+    failed_steps: int  # steps in which a row raised; the other rows went on (step_isolation.py)
+    failed_requests: int  # requests such rows ended with an error
 
     @property
     def free_pages(self) -> int:

@@ -9,16 +9,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
+from loraserve.errors import EngineDeadError
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
 from loraserve.server import admin, lorax, openai
 from loraserve.server.auth import require_admin_token, require_api_key
 from loraserve.server.body_limit import BodyLimitMiddleware
 from loraserve.server.catalog import AdapterCatalog
-from loraserve.server.errors import install_error_handlers
+from loraserve.server.errors import domain_error, install_error_handlers
 from loraserve.server.metrics import Metrics
 from loraserve.server.state import ServerState, server_state
 
@@ -73,9 +75,14 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         upload_path="/admin/adapters",
     )
 
-    @app.get("/health")
-    async def health(request: Request) -> dict[str, str]:
-        return {"status": "ok", "model": server_state(request).model_name}
+    @app.get("/health", response_model=None)
+    async def health(request: Request) -> dict[str, str] | JSONResponse:
+        """200 while inference works; 503 with the reason once the engine has stopped, so a supervisor restarts it."""
+        state = server_state(request)
+        if state.engine.error is not None:
+            status, body = domain_error(EngineDeadError(f"the engine stopped: {state.engine.error!r}"))
+            return JSONResponse(status_code=status, content={"status": "stopped", "engine": "stopped", **body})
+        return {"status": "ok", "engine": "running", "model": state.model_name}
 
     @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:

@@ -7,6 +7,7 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraserve.errors import PayloadTooLargeError
+from loraserve.server.errors import error_body
 
 
 class BodyLimitMiddleware:
@@ -43,7 +44,7 @@ class BodyLimitMiddleware:
 
 
 async def _refuse(send: Send, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": 413}}).encode()
+    body = json.dumps(error_body(message, "invalid_request_error", "payload_too_large")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})

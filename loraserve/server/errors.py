@@ -1,77 +1,102 @@
-"""The one place that maps exceptions to the wire: `{"error": {"message", "type", "code"}}`."""
+"""The one place that maps exceptions to the wire: `{"error": {"message", "type", "code"}}`.
+
+Routes raise domain errors (loraserve/errors.py); a stream that already started reports
+the same payload as its last event. Anything unforeseen is a 500 of the same shape whose
+`request_id` the log line carries too.
+"""
 
 from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from loraserve.engine.async_engine import EngineDeadError
 from loraserve.errors import (
     AdapterError,
     AdapterExistsError,
     AdapterNotFoundError,
     AdapterUnavailableError,
+    EngineDeadError,
     InvalidRequestError,
+    LoraserveError,
+    ModelNotFoundError,
     PayloadTooLargeError,
     RegistryError,
+    RequestFailedError,
     UnknownAdapterError,
 )
 
+logger = logging.getLogger(__name__)
 
-class NotFoundError(Exception):
-    """An unknown model name."""
+# Most specific first: UnknownAdapterError is an InvalidRequestError.
+_WIRE: list[tuple[type[Exception], int, str, str | None]] = [
+    (UnknownAdapterError, 404, "not_found_error", "adapter_not_found"),
+    (AdapterNotFoundError, 404, "not_found_error", "adapter_not_found"),
+    (ModelNotFoundError, 404, "not_found_error", "model_not_found"),
+    (InvalidRequestError, 400, "invalid_request_error", None),  # code: the field
+    (AdapterError, 422, "invalid_adapter_error", None),  # code: the field or file
+    (AdapterExistsError, 409, "conflict_error", "adapter_exists"),
+    (PayloadTooLargeError, 413, "invalid_request_error", "payload_too_large"),
+    (AdapterUnavailableError, 503, "server_error", "unavailable"),
+    (RegistryError, 503, "server_error", "unavailable"),
+    (EngineDeadError, 503, "server_error", "engine_stopped"),
+    (RequestFailedError, 500, "server_error", "request_failed"),
+]
 
 
 def error_response(status: int, message: str, error_type: str, code: str | int | None = None) -> JSONResponse:
-    return JSONResponse(
-        status_code=status,
-        content={"error": {"message": message, "type": error_type, "code": code if code is not None else status}},
-    )
+    return JSONResponse(status_code=status, content=error_body(message, error_type, code if code else str(status)))
+
+
+def error_body(message: str, error_type: str, code: str | int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "code": code}}
+
+
+def domain_error(error: LoraserveError) -> tuple[int, dict[str, Any]]:
+    """The status and body of a domain error."""
+    for cls, status, error_type, code in _WIRE:
+        if isinstance(error, cls):
+            field = getattr(error, "field", None)
+            return status, error_body(str(error), error_type, code or field or str(status))
+    return 500, error_body(str(error), "server_error", "internal_error")
+
+
+def stream_error_event(error: LoraserveError) -> str:
+    """A stream's last event when its request fails after the response started (OpenAI's and vLLM's shape)."""
+    return f"data: {json.dumps(domain_error(error)[1], ensure_ascii=False)}\n\n"
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(InvalidRequestError)
-    async def invalid_request(_: Request, error: InvalidRequestError) -> JSONResponse:
-        return error_response(400, str(error), "invalid_request_error", error.field)
-
-    @app.exception_handler(UnknownAdapterError)
-    @app.exception_handler(AdapterNotFoundError)
-    async def unknown_adapter(_: Request, error: Exception) -> JSONResponse:
-        return error_response(404, str(error), "not_found_error", "adapter_not_found")
-
-    @app.exception_handler(AdapterError)
-    async def bad_adapter(_: Request, error: AdapterError) -> JSONResponse:
-        return error_response(422, str(error), "invalid_adapter_error", error.field)
-
-    @app.exception_handler(AdapterExistsError)
-    async def adapter_exists(_: Request, error: AdapterExistsError) -> JSONResponse:
-        return error_response(409, str(error), "conflict_error", "adapter_exists")
-
-    @app.exception_handler(PayloadTooLargeError)
-    async def too_large(_: Request, error: PayloadTooLargeError) -> JSONResponse:
-        return error_response(413, str(error), "invalid_request_error", 413)
-
-    @app.exception_handler(AdapterUnavailableError)
-    @app.exception_handler(RegistryError)
-    async def unavailable(_: Request, error: Exception) -> JSONResponse:
-        return error_response(503, str(error), "server_error", "unavailable")
-
-    @app.exception_handler(NotFoundError)
-    async def not_found(_: Request, error: NotFoundError) -> JSONResponse:
-        return error_response(404, str(error), "not_found_error", "model_not_found")
+    @app.exception_handler(LoraserveError)
+    async def known(_: Request, error: LoraserveError) -> JSONResponse:
+        status, body = domain_error(error)
+        return JSONResponse(status_code=status, content=body)
 
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"] if part != "body")
-        return error_response(422, f"{where}: {first['msg']}", "invalid_request_error", where or None)
+        problem = "is not supported by loraserve" if first["type"] == "extra_forbidden" else first["msg"]
+        return error_response(400, f"{where}: {problem}", "invalid_request_error", where or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         return error_response(error.status_code, str(error.detail), "http_error")
 
-    @app.exception_handler(EngineDeadError)
-    async def engine_dead(_: Request, error: EngineDeadError) -> JSONResponse:
-        return error_response(503, str(error), "server_error")
+    @app.exception_handler(Exception)
+    async def unforeseen(request: Request, error: Exception) -> JSONResponse:
+        request_id = uuid.uuid4().hex
+        logger.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=error)
+        message = f"internal error (request id {request_id}; the server log has the details)"
+        return JSONResponse(
+            status_code=500,
+            content={
+                "error": {**error_body(message, "server_error", "internal_error")["error"], "request_id": request_id}
+            },
+        )

@@ -7,6 +7,7 @@ last carrying `generated_text` and `details`; the concatenated token texts equal
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -17,8 +18,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
-from loraserve.errors import InvalidRequestError
-from loraserve.server.generation import generate, resolve_adapter
+from loraserve.errors import InvalidRequestError, LoraserveError
+from loraserve.server.generation import fields_named, generate, resolve_adapter
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -72,7 +73,7 @@ class GenerateParameters(BaseModel):
             top_k=self.top_k or 0,
             seed=self.seed,
             stop=list(self.stop),
-            repetition_penalty=self.repetition_penalty or 1.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             ignore_eos=self.ignore_eos_token,
             logprobs=self.return_k_alternatives or 0,  # every TGI token carries its logprob
         )
@@ -102,17 +103,30 @@ async def lorax_root(body: GenerateRequest, request: Request) -> JSONResponse | 
     return JSONResponse([await _complete(request, body)])
 
 
+# SamplingParams' names -> the names this route's clients send.
+_FIELD_NAMES = {
+    "max_tokens": "parameters.max_new_tokens",
+    "ignore_eos": "parameters.ignore_eos_token",
+    "logprobs": "parameters.return_k_alternatives",
+    "prompt": "inputs",
+    **{name: f"parameters.{name}" for name in ("temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty")},
+}
+
+
 async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator[RequestOutput], RequestOutput]:
     state = server_state(request)
     parameters = body.parameters
-    params = parameters.sampling_params()
-    adapter = resolve_adapter(state, parameters.adapter_id)
-    prompt: str | list[int] = body.inputs
-    if parameters.truncate is not None:
-        prompt = state.tokenizer(body.inputs)["input_ids"][-parameters.truncate :]
-    outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter.name if adapter else None)
-    # Awaited here so a refused request is a plain error, not a broken stream.
-    return outputs, await anext(outputs)
+    with fields_named(_FIELD_NAMES):
+        params = parameters.sampling_params()
+        adapter = resolve_adapter(state, parameters.adapter_id)
+        prompt: str | list[int] = body.inputs
+        if parameters.truncate is not None:
+            if parameters.truncate < 1:
+                raise InvalidRequestError("parameters.truncate", f"must be at least 1, got {parameters.truncate}")
+            prompt = (await asyncio.to_thread(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
+        outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter.name if adapter else None)
+        # Awaited here so a refused request is a plain error, not a broken stream.
+        return outputs, await anext(outputs)
 
 
 async def _complete(request: Request, body: GenerateRequest) -> dict[str, Any]:
@@ -151,7 +165,11 @@ async def _stream(request: Request, body: GenerateRequest) -> StreamingResponse:
                 sent_text += text
                 yield f"data:{json.dumps(event, ensure_ascii=False)}\n\n"
             sent_tokens = len(completion.token_ids)
-            output = await anext(outputs, None)
+            try:
+                output = await anext(outputs, None)
+            except LoraserveError as error:  # the response has started: TGI's error event ends it
+                yield f"data:{json.dumps({'error': str(error), 'error_type': 'generation'})}\n\n"
+                return
 
     return StreamingResponse(events(), media_type="text/event-stream")
 

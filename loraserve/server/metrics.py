@@ -60,6 +60,8 @@ class Metrics:
                 ("prefix_cache_blocks", "KV blocks findable by their prefix (in use or free)"),
                 ("prefix_cache_queried_tokens", "Tokens of the sequences admitted since start"),
                 ("prefix_cache_hit_tokens", "Admitted tokens found in the prefix cache since start"),
+                ("failed_steps", "Steps in which computing a row raised since start (the other rows went on)"),
+                ("failed_requests", "Requests ended with an error because computing them raised, since start"),
             )
         }
 
@@ -95,6 +97,8 @@ class Metrics:
             "prefix_cache_blocks": stats.prefix_cache_blocks,
             "prefix_cache_queried_tokens": stats.prefix_cache_queried_tokens,
             "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens,
+            "failed_steps": stats.failed_steps,
+            "failed_requests": stats.failed_requests,
         }
         for name, value in values.items():
             self._gauges[name].set(value)

@@ -14,10 +14,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from loraserve.engine import RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
-from loraserve.errors import UnknownAdapterError
+from loraserve.errors import LoraserveError, ModelNotFoundError, UnknownAdapterError
 from loraserve.registry import AdapterInfo
-from loraserve.server.errors import NotFoundError
-from loraserve.server.generation import generate, resolve_adapter
+from loraserve.server.errors import stream_error_event
+from loraserve.server.generation import fields_named, generate, resolve_adapter
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
 from loraserve.server.state import ServerState, server_state
 
@@ -50,13 +50,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = server_state(request)
     adapter = _adapter_of(state, body)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = body.sampling_params(body.effective_max_tokens(DEFAULT_CHAT_MAX_TOKENS), logprobs)
-    conversation = [message.model_dump() for message in body.messages]
-    persona = adapter.system_prompt if adapter is not None else None
-    if persona and not any(message["role"] in ("system", "developer") for message in conversation):
-        conversation.insert(0, {"role": "system", "content": persona})
-    prompt = await asyncio.to_thread(chat_prompt_ids, state.tokenizer, conversation)
-    return await _respond(request, body, prompt, params, adapter, _ChatFormat(state, body.model))
+    max_tokens_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    with fields_named({"max_tokens": max_tokens_field, "logprobs": "top_logprobs", "prompt": "messages"}):
+        params = body.sampling_params(body.effective_max_tokens(DEFAULT_CHAT_MAX_TOKENS), logprobs)
+        conversation = [message.model_dump() for message in body.messages]
+        persona = adapter.system_prompt if adapter is not None else None
+        if persona and not any(message["role"] in ("system", "developer") for message in conversation):
+            conversation.insert(0, {"role": "system", "content": persona})
+        prompt = await asyncio.to_thread(chat_prompt_ids, state.tokenizer, conversation)
+        return await _respond(request, body, prompt, params, adapter, _ChatFormat(state, body.model))
 
 
 def _adapter_of(state: ServerState, body: SamplingFields) -> AdapterInfo | None:
@@ -65,7 +67,7 @@ def _adapter_of(state: ServerState, body: SamplingFields) -> AdapterInfo | None:
     try:
         return resolve_adapter(state, name)
     except UnknownAdapterError:
-        raise NotFoundError(f"model {name!r} does not exist; GET /v1/models lists what is served") from None
+        raise ModelNotFoundError(f"model {name!r} does not exist; GET /v1/models lists what is served") from None
 
 
 async def _respond(
@@ -117,7 +119,12 @@ async def _sse(
                 yield _event(fmt.chunk(request_id, i, delta, completion.finish_reason, new_logprobs))
                 sent_text[i] = completion.text
                 sent_logprobs[i] += len(new_logprobs or [])
-        output = await anext(rest, None)
+        try:
+            output = await anext(rest, None)
+        except LoraserveError as error:  # the response has started: the error is its last event
+            yield stream_error_event(error)
+            yield "data: [DONE]\n\n"
+            return
     if include_usage:
         yield _event({**fmt.envelope(request_id, chunk=True), "choices": [], "usage": _usage(last)})
     yield "data: [DONE]\n\n"

@@ -14,11 +14,16 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """The sampling fields both routes share (OpenAI names, plus vLLM's extras)."""
+    """The sampling fields both routes share (OpenAI names, plus vLLM's extras).
 
-    model_config = ConfigDict(extra="ignore")
+    Any other field is refused by name (400): a client that asked for, say, `response_format`
+    must not get plain text back as if it had been honoured.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str
+    user: str | None = None  # OpenAI's end-user id: accepted, changes nothing in the answer
     adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
     n: int = 1
     temperature: float = 1.0
@@ -74,7 +79,9 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
 
     def effective_max_tokens(self, default: int) -> int:
-        return self.max_completion_tokens or self.max_tokens or default
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens if self.max_tokens is not None else default
 
 
 class ModelCard(BaseModel):

@@ -203,6 +203,7 @@ def test_each_bad_upload_gets_its_status_and_a_json_error_and_changes_nothing(li
     def send(*files: tuple[str, bytes], name: str = "x", headers=ADMIN) -> httpx.Response:
         return upload(server, name, list(files), headers=headers)
 
+    too_large = "payload_too_large"
     cases = {
         "no token": (lambda: send(*good, headers={}), 401, None),
         "wrong token": (lambda: send(*good, headers={"Authorization": "Bearer nope"}), 403, None),
@@ -212,8 +213,12 @@ def test_each_bad_upload_gets_its_status_and_a_json_error_and_changes_nothing(li
         "dot-dot member": (lambda: send(("a.zip", zipped({"../" + n: d for n, d in good}))), 422, "archive"),
         "absolute member": (lambda: send(("a.tgz", _tar_gz({"/tmp/" + n: d for n, d in good}))), 422, "archive"),
         "symlink member": (lambda: send(("a.tar.gz", _tar_gz(dict(good), link="evil"))), 422, "archive"),
-        "zip bomb": (lambda: send(("a.zip", bomb)), 413, 413),
-        "oversize upload": (lambda: send(config, ("adapter_model.safetensors", bytes(7 << 20))), 413, 413),
+        "zip bomb": (lambda: send(("a.zip", bomb)), 413, too_large),
+        "oversize upload": (
+            lambda: send(config, ("adapter_model.safetensors", bytes(7 << 20))),
+            413,
+            "payload_too_large",
+        ),
         "pickle weights": (lambda: send(config, pickle), 422, "adapter_model.bin"),
         "pickle in archive": (lambda: send(("a.zip", zipped(dict([config, pickle])))), 422, "adapter_model.bin"),
         "mismatched shapes": (lambda: send(*_mismatched_shapes(tmp_path)), 422, None),

@@ -47,9 +47,7 @@ def run(engine: LLMEngine, requests: dict[str, list[int]], params: SamplingParam
 
 
 @pytest.mark.parametrize("after_steps", [0, 3], ids=["in-its-prompt-step", "mid-decode"])
-def test_a_row_that_raises_ends_its_request_and_the_other_15_finish_exactly(
-    make_llm, prompts, references, after_steps
-):
+def test_a_row_that_raises_ends_its_request_and_the_other_15_finish_exactly(make_llm, prompts, references, after_steps):
     engine = make_llm().engine
     requests = {f"r{i}": prompt for i, prompt in enumerate(prompts)}
     finished = run(engine, requests, GREEDY, fail="r5", after_steps=after_steps)

@@ -216,3 +216,37 @@ def test_a_cached_prefix_is_not_computed_again_and_takes_nothing_from_the_budget
     assert second.num_cached_tokens == 12, "three cached blocks of 4"
     assert (scheduler.prefix_cache_queried_tokens, scheduler.prefix_cache_hit_tokens) == (26, 12)
     assert second.seqs[0].status is SequenceStatus.FINISHED
+
+
+def test_a_request_whose_scheduling_raises_ends_after_the_step_and_the_others_run(tokenizer):
+    adapters = tiny_adapter_manager(num_slots=2)
+    register_tiny(adapters, "good", seed=0)
+    register_tiny(adapters, "broken", seed=1)
+    scheduler = make_scheduler(tokenizer, adapters=adapters)
+    for name in ("good", "broken"):
+        add(scheduler, f"warm-{name}", prompt_len=2, max_tokens=1, adapter=name)
+    step(scheduler)
+    assert adapters.wait_idle()
+    step(scheduler)  # both adapters resident, their first requests done
+    assert scheduler.take_failed() == []
+
+    def content_hash(name: str) -> str:  # a bug that strikes one adapter's sequences, once resident
+        if name == "broken":
+            raise RuntimeError("corrupt slot table")
+        return type(adapters).content_hash(adapters, name)
+
+    adapters.content_hash = content_hash  # type: ignore[method-assign]
+    broken = add(scheduler, "r-broken", prompt_len=6, adapter="broken")
+    good = add(scheduler, "r-good", prompt_len=6, adapter="good")
+    base = add(scheduler, "r-base", prompt_len=6)
+    free_before = scheduler.block_manager.num_free_blocks
+    batch = step(scheduler)
+    assert [item.seq.request for item in batch.scheduled] == [good, base]
+    assert scheduler.take_failed() == [broken]
+    assert broken.error is not None and broken.error.code == "step_failed"
+    assert "corrupt slot table" in broken.error.message
+    assert not adapters._running["broken"], "its hold on the adapter was released"
+    while scheduler.has_unfinished():
+        step(scheduler)
+    assert good.is_finished and base.is_finished and good.error is None
+    assert scheduler.block_manager.num_free_blocks == free_before

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
-from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, ServerConfig
+from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig, ServerConfig
 from loraserve.engine import LLMEngine
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.models import LoadedModel
@@ -31,24 +31,30 @@ class RunningServer:
     data_dir: Path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def start_server(
-    loaded: LoadedModel, data_dir: Path, max_loras: int = 8, num_blocks: int = 512, **server_config: Any
+    loaded: LoadedModel,
+    data_dir: Path,
+    max_loras: int = 8,
+    num_blocks: int = 512,
+    scheduler: SchedulerConfig | None = None,
+    **server_config: Any,
 ) -> Iterator[RunningServer]:
     """Start, yield once the port answers, stop. `server_config`: ServerConfig fields."""
     engine_config = EngineConfig(
         model=ModelConfig(dtype="float32"),
         cache=CacheConfig(num_pages=num_blocks),
+        scheduler=scheduler or SchedulerConfig(),
         lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
     )
     engine = AsyncLLMEngine(LLMEngine(engine_config, loaded=loaded))
     config = ServerConfig(data_dir=data_dir, admin_token=ADMIN_TOKEN, **{"register_samples": False, **server_config})
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(engine, config), host="127.0.0.1", port=port, log_level="warning")
     )

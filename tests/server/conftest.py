@@ -37,6 +37,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def async_engine(
+    loaded: LoadedModel, max_loras: int = 8, num_blocks: int = 512, scheduler: SchedulerConfig | None = None
+) -> AsyncLLMEngine:
+    """An engine of its own (KV cache, adapters, scheduler) over the shared float32 model."""
+    config = EngineConfig(
+        model=ModelConfig(dtype="float32"),
+        cache=CacheConfig(num_pages=num_blocks),
+        scheduler=scheduler or SchedulerConfig(),
+        lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
+    )
+    return AsyncLLMEngine(LLMEngine(config, loaded=loaded))
+
+
+def server_config_in(data_dir: Path, **fields: Any) -> ServerConfig:
+    """The tests' admin token, no sample adapters unless asked."""
+    return ServerConfig(data_dir=data_dir, admin_token=ADMIN_TOKEN, **{"register_samples": False, **fields})
+
+
 def start_server(
     loaded: LoadedModel,
     data_dir: Path,
@@ -46,18 +64,10 @@ def start_server(
     **server_config: Any,
 ) -> Iterator[RunningServer]:
     """Start, yield once the port answers, stop. `server_config`: ServerConfig fields."""
-    engine_config = EngineConfig(
-        model=ModelConfig(dtype="float32"),
-        cache=CacheConfig(num_pages=num_blocks),
-        scheduler=scheduler or SchedulerConfig(),
-        lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
-    )
-    engine = AsyncLLMEngine(LLMEngine(engine_config, loaded=loaded))
-    config = ServerConfig(data_dir=data_dir, admin_token=ADMIN_TOKEN, **{"register_samples": False, **server_config})
+    engine = async_engine(loaded, max_loras, num_blocks, scheduler)
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(engine, config), host="127.0.0.1", port=port, log_level="warning")
-    )
+    app = create_app(engine, server_config_in(data_dir, **server_config))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -16,6 +16,7 @@ TORCH_FREE = [
     "engine/detokenizer.py",
     "engine/sampling_params.py",
     "engine/outputs.py",
+    "engine/step_isolation.py",
 ]
 
 

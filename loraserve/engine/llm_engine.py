@@ -23,8 +23,11 @@ from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
+from loraserve.lora.adapter_config import AdapterConfig
+from loraserve.lora.adapter_sandbox import check_untrusted_adapter
 from loraserve.lora.manager import AdapterManager, AdapterSource
 from loraserve.models import LoadedModel, load_model
+from loraserve.models.dtypes import largest_finite
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +58,20 @@ class LLMEngine:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.loaded.tokenizer
 
-    def read_adapter(self, path: str | Path) -> LoraAdapter:
+    def read_adapter(self, path: str | Path, config: AdapterConfig | None = None) -> LoraAdapter:
         """Read and validate a PEFT adapter directory against this base model; raises AdapterError."""
         base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
-        return read_adapter(Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank, base_names)
+        spec, max_rank = self.loaded.model.spec, self.config.lora.max_lora_rank
+        return read_adapter(Path(path), spec, max_rank, base_names, largest_finite(self.loaded.dtype), config)
+
+    def read_untrusted_adapter(self, path: Path) -> LoraAdapter:
+        """`read_adapter` for files not trusted yet (uploads): parsed in a child process first (adapter_sandbox.py).
+
+        Touches no engine state: call it from any thread, without the engine's lock.
+        """
+        spec, max_rank = self.loaded.model.spec, self.config.lora.max_lora_rank
+        config = check_untrusted_adapter(path, spec, max_rank, largest_finite(self.loaded.dtype))
+        return self.read_adapter(path, config)
 
     def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
         """Read, validate and serve the PEFT adapter in `path` under `name`; nothing changes on error.

@@ -8,46 +8,25 @@ file, never silently ignored.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from loraserve.errors import AdapterError
 from loraserve.file_digest import sha256_of_files
+from loraserve.lora.adapter_config import CONFIG_FILE, PROJECTIONS, AdapterConfig, parse_config
 from loraserve.models.llama import LlamaSpec
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "adapter_config.json"
+FLOAT32_MAX = 3.4028234663852886e38
+
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_FILES = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_BLOCK_OF = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
-
-# PEFT config fields whose non-neutral value changes what the adapter computes in ways we
-# do not implement. A field absent from the config counts as neutral.
-_UNSUPPORTED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "use_dora": (False, None),
-    "modules_to_save": (None, []),
-    "bias": ("none", None),
-    "lora_bias": (False, None),
-    "layer_replication": (None,),
-    "trainable_token_indices": (None,),
-    "target_parameters": (None, []),
-    "alora_invocation_tokens": (None,),
-    "arrow_config": (None,),
-    "use_qalora": (False, None),
-    "use_bdlora": (False, None),
-    "monteclora_config": (None,),
-    "kasa_config": (None,),
-}
 _TENSOR_NAME = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$"
 )
@@ -96,37 +75,38 @@ def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
 
 
 def read_adapter(
-    path: Path, spec: LlamaSpec, max_rank: int, base_model_names: frozenset[str] = frozenset()
+    path: Path,
+    spec: LlamaSpec,
+    max_rank: int,
+    base_model_names: frozenset[str] = frozenset(),
+    max_scale: float = FLOAT32_MAX,
+    config: AdapterConfig | None = None,
 ) -> LoraAdapter:
     """Read and validate the PEFT adapter in directory `path`; raises AdapterError naming the culprit.
 
     `base_model_names`: names the served base model goes by; an adapter trained on a model
-    of another name is served with a warning (shapes are what must match).
+    of another name is served with a warning (shapes are what must match). `config`: the
+    adapter's config already parsed (by adapter_sandbox.py, for files not yet trusted).
     """
-    config = _read_config(path)
-    rank, alpha = int(_positive_number(config, "r")), _positive_number(config, "lora_alpha")
-    if rank != config["r"]:
-        raise AdapterError("r", f"must be a whole number, got {config['r']!r}")
-    use_rslora = bool(config.get("use_rslora", False))
-    target_modules = _target_modules(config, spec)
+    config = config or parse_config(path, spec, max_rank, max_scale)
     weights_path = path / WEIGHTS_FILE
     if not weights_path.is_file():
         pickles = [name for name in PICKLE_FILES if (path / name).exists()]
         hint = f"; {pickles[0]} is a pickle file and is never loaded: re-save with safetensors" if pickles else ""
         raise AdapterError(WEIGHTS_FILE, f"missing{hint}")
     pairs = _lora_pairs(_read_tensors(weights_path), spec)
-    weights = _validated_weights(pairs, config, spec, rank, alpha, use_rslora, max_rank)
+    weights = _validated_weights(pairs, config, spec, max_rank)
     adapted = {projection for _, projection in weights}
-    declared_base = config.get("base_model_name_or_path")
-    if base_model_names and declared_base and Path(str(declared_base)).name not in base_model_names:
+    declared_base = config.base_model_name
+    if base_model_names and declared_base and Path(declared_base).name not in base_model_names:
         logger.warning(
             "adapter in %s was trained on %r, serving it on %s", path, declared_base, sorted(base_model_names)
         )
     return LoraAdapter(
-        rank=rank,
-        alpha=alpha,
-        use_rslora=use_rslora,
-        target_modules=tuple(p for p in PROJECTIONS if p in adapted or p in target_modules),
+        rank=config.rank,
+        alpha=config.alpha,
+        use_rslora=config.use_rslora,
+        target_modules=tuple(p for p in PROJECTIONS if p in adapted or p in config.target_modules),
         weights=weights,
         base_model_name=declared_base,
         sha256=sha256_of_files(path / CONFIG_FILE, weights_path),
@@ -153,13 +133,7 @@ def _lora_pairs(tensors: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[tuple
 
 
 def _validated_weights(
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]],
-    config: dict[str, Any],
-    spec: LlamaSpec,
-    rank: int,
-    alpha: float,
-    use_rslora: bool,
-    max_rank: int,
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]], config: AdapterConfig, spec: LlamaSpec, max_rank: int
 ) -> dict[tuple[int, str], LoraWeights]:
     shapes = projection_shapes(spec)
     weights: dict[tuple[int, str], LoraWeights] = {}
@@ -170,8 +144,7 @@ def _validated_weights(
         # fan_in_fan_out describes Conv1D base weights; for Linear projections PEFT itself
         # turns it off and stores A and B as Linear weights, so they are read as they are.
         a, b = sides["A"], sides["B"]
-        module_rank = _pattern_value(config.get("rank_pattern"), layer, projection, rank)
-        module_alpha = _pattern_value(config.get("alpha_pattern"), layer, projection, alpha)
+        module_rank, _ = config.modules[(layer, projection)]
         in_features, out_features = shapes[projection]
         if a.shape != (module_rank, in_features) or b.shape != (out_features, module_rank):
             raise AdapterError(
@@ -181,60 +154,11 @@ def _validated_weights(
             )
         if module_rank > max_rank:
             raise AdapterError("r", f"{where} has rank {module_rank}, above the configured maximum {max_rank}")
-        scale = module_alpha / (math.sqrt(module_rank) if use_rslora else module_rank)
-        weights[(layer, projection)] = LoraWeights(a=a.float().contiguous(), b=b.float().contiguous(), scale=scale)
+        a, b = a.float().contiguous(), b.float().contiguous()
+        if not (bool(a.isfinite().all()) and bool(b.isfinite().all())):
+            raise AdapterError(WEIGHTS_FILE, f"{where}: the weights hold NaN or infinite values")
+        weights[(layer, projection)] = LoraWeights(a=a, b=b, scale=config.scale((layer, projection)))
     return weights
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    config_path = path / CONFIG_FILE
-    if not config_path.is_file():
-        raise AdapterError(CONFIG_FILE, f"missing from {path}")
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise AdapterError(CONFIG_FILE, f"is not valid JSON: {error}") from error
-    if not isinstance(config, dict):
-        raise AdapterError(CONFIG_FILE, "must hold a JSON object")
-    if config.get("peft_type", "LORA") != "LORA":
-        raise AdapterError("peft_type", f"{config['peft_type']!r} is not supported; only LORA")
-    for field, neutral in _UNSUPPORTED_UNLESS_NEUTRAL.items():
-        if field in config and config[field] not in neutral:
-            raise AdapterError(field, f"{config[field]!r} is not supported (loraserve serves plain LoRA)")
-    return config
-
-
-def _positive_number(config: dict[str, Any], field: str) -> float:
-    value = config.get(field)
-    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-        raise AdapterError(field, f"must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _target_modules(config: dict[str, Any], spec: LlamaSpec) -> set[str]:
-    """The projections `target_modules` selects (a list of names or a regex over full module names)."""
-    targets = config.get("target_modules")
-    if isinstance(targets, str):
-        names = [f"model.layers.{i}.{_BLOCK_OF.get(p, 'mlp')}.{p}" for i in range(spec.num_layers) for p in PROJECTIONS]
-        others = ["model.embed_tokens", "lm_head"]
-        if any(re.fullmatch(targets, name) for name in others):
-            raise AdapterError("target_modules", "LoRA on the embedding or lm_head is not supported")
-        return {name.rsplit(".", 1)[1] for name in names if re.fullmatch(targets, name)}
-    if not isinstance(targets, list) or not targets:
-        raise AdapterError("target_modules", f"must be a non-empty list or a regex, got {targets!r}")
-    unsupported = [t for t in targets if t not in PROJECTIONS]
-    if unsupported:
-        raise AdapterError("target_modules", f"{unsupported} not supported; LoRA may target only {PROJECTIONS}")
-    return set(targets)
-
-
-def _pattern_value(pattern: dict[str, Any] | None, layer: int, projection: str, default: Any) -> Any:
-    """PEFT's rank_pattern / alpha_pattern: the first key whose regex matches the module's name."""
-    name = f"model.layers.{layer}.{_BLOCK_OF.get(projection, 'mlp')}.{projection}"
-    for key, value in (pattern or {}).items():
-        if re.match(rf"(.*\.)?({key})$", name):
-            return value
-    return default
 
 
 def _read_tensors(weights_path: Path) -> dict[str, torch.Tensor]:

@@ -27,6 +27,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def largest_finite(dtype: torch.dtype) -> float:
+    """The largest number `dtype` holds: what an adapter's alpha / r may be at most."""
+    return float(torch.finfo(dtype).max)
+
+
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     """Map a `--dtype` value to a torch dtype; `auto` looks at the device."""
     if name != "auto":

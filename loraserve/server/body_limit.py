@@ -30,17 +30,36 @@ class BodyLimitMiddleware:
             await _refuse(send, message)
             return
         received = 0
+        exceeded = started = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
             event = await receive()
             if event["type"] == "http.request":
                 received += len(event.get("body", b""))
                 if received > limit:
+                    exceeded = True
                     raise PayloadTooLargeError(message)
             return event
 
-        await self.app(scope, counting_receive, send)
+        async def send_unless_exceeded(event: Message) -> None:
+            # The app may turn the error it met reading the body into an answer of its own (FastAPI
+            # answers 400 "error parsing the body"): once the limit was passed, the answer is 413.
+            nonlocal started
+            if exceeded:
+                if not started:
+                    started = True
+                    await _refuse(send, message)
+                return
+            started = started or event["type"] == "http.response.start"
+            await send(event)
+
+        try:
+            await self.app(scope, counting_receive, send_unless_exceeded)
+        except PayloadTooLargeError:
+            if started:
+                raise
+            await _refuse(send, message)
 
 
 async def _refuse(send: Send, message: str) -> None:

@@ -65,7 +65,8 @@ class AdapterCatalog:
             raise AdapterExistsError(name)
         if name == self.base_model:
             raise AdapterError("name", f"{name!r} is the base model's id")
-        adapter = await self.engine.call(lambda engine: engine.read_adapter(source_dir))
+        # Off the engine's lock and out of this process: a hostile file stalls no request (adapter_sandbox.py).
+        adapter = await asyncio.to_thread(self.engine.engine.read_untrusted_adapter, source_dir)
         info = await asyncio.to_thread(
             self.registry.create, name, source_dir, adapter, self.base_model, system_prompt, description
         )

@@ -50,6 +50,10 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
 ]
 
 
+# Starlette's own refusals: a body it could not parse (too deeply nested JSON...), a route or method unknown.
+_HTTP_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}
+
+
 def error_response(status: int, message: str, error_type: str, code: str | int | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content=error_body(message, error_type, code if code else str(status)))
 
@@ -81,13 +85,20 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
+        if first["type"] == "json_invalid":
+            position = first["loc"][-1]
+            reason = first.get("ctx", {}).get("error", "JSON decode error")
+            return error_response(400, f"the body is not valid JSON: {reason} at character {position}",
+                                  "invalid_request_error", "invalid_json")  # fmt: skip
         where = ".".join(str(part) for part in first["loc"] if part != "body")
         problem = "is not supported by loraserve" if first["type"] == "extra_forbidden" else first["msg"]
-        return error_response(400, f"{where}: {problem}", "invalid_request_error", where or None)
+        return error_response(400, f"{where}: {problem}", "invalid_request_error", where or "body")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        return error_response(error.status_code, str(error.detail), "http_error")
+        code = _HTTP_CODES.get(error.status_code, str(error.status_code))
+        error_type = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return error_response(error.status_code, str(error.detail), error_type, code)
 
     @app.exception_handler(Exception)
     async def unforeseen(request: Request, error: Exception) -> JSONResponse:

@@ -241,7 +241,7 @@ def test_inference_errors_are_json_with_their_status(server):
     lorax_unknown = httpx.post(f"{server.url}/generate", json={"inputs": "hi", "parameters": {"adapter_id": "nope"}})
     assert lorax_unknown.status_code == 404 and lorax_unknown.json()["error"]["code"] == "adapter_not_found"
     bad_top_p = httpx.post(f"{server.url}/generate", json={"inputs": "hi", "parameters": {"top_p": 2.0}})
-    assert bad_top_p.status_code == 400 and bad_top_p.json()["error"]["code"] == "top_p"
+    assert bad_top_p.status_code == 400 and bad_top_p.json()["error"]["code"] == "parameters.top_p"
     unsupported = httpx.post(f"{server.url}/generate", json={"inputs": "hi", "parameters": {"typical_p": 0.5}})
     assert unsupported.status_code == 400 and unsupported.json()["error"]["code"] == "parameters.typical_p"
     assert httpx.get(f"{server.url}/admin/adapters/unknown", headers=ADMIN).status_code == 404

@@ -128,6 +128,7 @@ class ServerConfig:
     max_upload_bytes: int = 1 << 30  # an adapter upload, archive included
     max_unpacked_bytes: int = 2 << 30  # what one archive may unpack to
     register_samples: bool = True  # the sample adapters in adapters/, on the first start with this data dir
+    registry_timeout: float = 10.0  # seconds an admin request waits for the database before a 503
 
     def __post_init__(self) -> None:
         for flag, value in (

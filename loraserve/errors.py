@@ -58,6 +58,10 @@ class RegistryError(LoraserveError):
     """The registry database cannot be opened, migrated or written."""
 
 
+class RegistryUnavailableError(RegistryError):
+    """The registry database did not answer in time; inference goes on, admin changes wait (503)."""
+
+
 class AdapterNotFoundError(LoraserveError, LookupError):
     """No adapter of that name is registered (404 on the wire)."""
 

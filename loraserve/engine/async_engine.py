@@ -13,8 +13,9 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.openmp import keep_serial
@@ -25,6 +26,10 @@ from loraserve.errors import EngineDeadError
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# Threads for adding requests, engine calls between steps and tokenizing prompts: each holds
+# the engine's lock briefly or tokenizes, so a few serve many clients.
+INFERENCE_WORKERS = 4
 
 
 @dataclass
@@ -46,6 +51,7 @@ class AsyncLLMEngine:
         self._stopping = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="loraserve-engine", daemon=True)
+        self._workers = ThreadPoolExecutor(max_workers=INFERENCE_WORKERS, thread_name_prefix="loraserve-inference")
 
     def start(self) -> None:
         self._thread.start()
@@ -59,6 +65,7 @@ class AsyncLLMEngine:
         self._stopping = True
         self._has_work.set()
         self._thread.join(timeout=30)
+        self._workers.shutdown(wait=False, cancel_futures=True)
         self.engine.close()
 
     async def generate(
@@ -66,7 +73,7 @@ class AsyncLLMEngine:
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that touched it, the last one finished."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        await asyncio.to_thread(self._add, request_id, prompt, params, adapter, stream)
+        await self.offload(self._add, request_id, prompt, params, adapter, stream)
         finished = False
         try:
             while not finished:
@@ -89,7 +96,11 @@ class AsyncLLMEngine:
             with self._lock:
                 return action(self.engine)
 
-        return await asyncio.to_thread(locked)
+        return await self.offload(locked)
+
+    async def offload(self, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` on the inference threads: no upload or registry call can take them all."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, function, *args)
 
     def abort(self, request_id: str) -> None:
         with self._lock:

@@ -6,7 +6,7 @@ from loraserve.registry.archive import extract_adapter_archive
 from loraserve.registry.database import downgrade_database, masked_url, sqlite_url, upgrade_database
 from loraserve.registry.file_store import FileStore
 from loraserve.registry.models import AdapterStatus
-from loraserve.registry.repository import AdapterNotFoundError, Registry
+from loraserve.registry.repository import AdapterNotFoundError, Registry, Usage
 
 __all__ = [
     "AdapterInfo",
@@ -14,6 +14,7 @@ __all__ = [
     "AdapterStatus",
     "FileStore",
     "Registry",
+    "Usage",
     "downgrade_database",
     "extract_adapter_archive",
     "masked_url",

@@ -21,6 +21,8 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from loraserve.errors import RegistryError
 
 MIGRATIONS_DIR = Path(__file__).parents[2] / "migrations"
+CONNECT_SECONDS = 5
+BUSY_SECONDS = 10
 _URL_HINT = "pass --db sqlite:///PATH or --db postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
 
 
@@ -45,9 +47,20 @@ def create_registry_engine(url: str) -> Engine:
             if parsed.database and parsed.database != ":memory:":
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
             # The server calls the registry from worker threads; each gets its own pooled connection.
-            return create_engine(parsed, connect_args={"check_same_thread": False})
-        # pre_ping replaces connections a restarted PostgreSQL server has closed.
-        return create_engine(parsed, pool_pre_ping=True)
+            # A writer waits at most BUSY_SECONDS for another's lock.
+            return create_engine(parsed, connect_args={"check_same_thread": False, "timeout": BUSY_SECONDS})
+        # pre_ping replaces connections a restarted PostgreSQL server has closed. The timeouts bound
+        # a database that refuses slowly or holds a lock; one that hangs outright is bounded by the
+        # server's RegistryCalls (a stopped server answers no driver timeout).
+        return create_engine(
+            parsed,
+            pool_pre_ping=True,
+            pool_timeout=BUSY_SECONDS,
+            connect_args={
+                "connect_timeout": CONNECT_SECONDS,
+                "options": f"-c statement_timeout={BUSY_SECONDS * 1000} -c lock_timeout={BUSY_SECONDS * 1000}",
+            },
+        )
     except (ArgumentError, ImportError, OSError) as error:
         raise RegistryError(f"cannot open registry database {masked_url(url)}: {error}; {_URL_HINT}") from error
 

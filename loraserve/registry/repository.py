@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,20 @@ if TYPE_CHECKING:
     from loraserve.lora.adapter import LoraAdapter
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Usage:
+    """Requests and tokens of one adapter, to add to its counters."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.requests += other.requests
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
 
 
 class _Unset(Enum):
@@ -142,19 +157,25 @@ class Registry:
                     logger.warning("adapter %r deleted, but its files stay: %s", name, error)
         return info
 
-    def add_usage(self, name: str, requests: int, prompt_tokens: int, completion_tokens: int) -> None:
-        """Add to the adapter's counters in one atomic UPDATE; usage of an adapter deleted meanwhile is dropped."""
-        with self._session(f"count usage of adapter {name!r}") as session:
-            session.execute(
-                update(AdapterRow)
-                .where(AdapterRow.name == name)
-                .values(
-                    request_count=AdapterRow.request_count + requests,
-                    prompt_token_count=AdapterRow.prompt_token_count + prompt_tokens,
-                    completion_token_count=AdapterRow.completion_token_count + completion_tokens,
+    def add_usage(self, usage: dict[str, Usage]) -> None:
+        """Add to each adapter's counters in one transaction; usage of adapters deleted meanwhile is dropped."""
+        with self._session(f"count usage of {len(usage)} adapters") as session:
+            for name, counts in usage.items():
+                session.execute(
+                    update(AdapterRow)
+                    .where(AdapterRow.name == name)
+                    .values(
+                        request_count=AdapterRow.request_count + counts.requests,
+                        prompt_token_count=AdapterRow.prompt_token_count + counts.prompt_tokens,
+                        completion_token_count=AdapterRow.completion_token_count + counts.completion_tokens,
+                    )
                 )
-            )
             session.commit()
+
+    def ping(self) -> None:
+        """One round trip to the database; RegistryError if it fails."""
+        with self._session("reach the registry database") as session:
+            session.execute(select(1))
 
     def verify_all(self) -> builtins.list[AdapterInfo]:
         """Re-hash every ready adapter's stored files, mark those missing or changed failed; returns all adapters."""

@@ -72,7 +72,7 @@ async def upload_adapter(request: Request) -> JSONResponse:
 @router.get("/admin/adapters")
 async def list_adapters(request: Request) -> dict[str, Any]:
     state = server_state(request)
-    infos = await asyncio.to_thread(state.catalog.registry.list)
+    infos = await state.catalog.records()
     stats = await state.engine.call(lambda engine: engine.stats())
     return {"object": "list", "data": [_with_residency(info, stats) for info in infos]}
 
@@ -80,7 +80,7 @@ async def list_adapters(request: Request) -> dict[str, Any]:
 @router.get("/admin/adapters/{name}")
 async def get_adapter(name: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
-    info = await asyncio.to_thread(state.catalog.registry.get, name)
+    info = await state.catalog.record(name)
     if info is None:
         raise AdapterNotFoundError(name)
     return await _record(state, info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 
 from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
-from loraserve.errors import EngineDeadError
+from loraserve.errors import EngineDeadError, RegistryUnavailableError
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
 from loraserve.server import admin, lorax, openai
 from loraserve.server.auth import require_admin_token, require_api_key
@@ -22,6 +23,7 @@ from loraserve.server.body_limit import BodyLimitMiddleware
 from loraserve.server.catalog import AdapterCatalog
 from loraserve.server.errors import domain_error, install_error_handlers
 from loraserve.server.metrics import Metrics
+from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.state import ServerState, server_state
 
 SAMPLE_ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
@@ -36,7 +38,8 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     upgrade_database(url)
     registry = Registry(url, FileStore(config.data_dir / "adapters"))
     base_model = engine.engine.loaded.name
-    catalog = AdapterCatalog(registry, engine, base_model)
+    calls = RegistryCalls(registry, timeout=config.registry_timeout)
+    catalog = AdapterCatalog(registry, engine, base_model, calls)
     marker = config.data_dir / _SAMPLES_MARKER
     if config.register_samples and not marker.exists():
         catalog.register_samples(SAMPLE_ADAPTERS)
@@ -48,11 +51,16 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        background = [asyncio.create_task(calls.probe_forever()), asyncio.create_task(catalog.flush_usage_forever())]
         try:
             yield
         finally:
+            for task in background:
+                task.cancel()
+            await catalog.close(timeout=5)
             engine.shutdown()
-            registry.close()
+            if calls.is_available:  # closing waits for connections a hung database still holds
+                registry.close()
 
     app = FastAPI(title="loraserve", lifespan=lifespan)
     tokenizer = engine.engine.tokenizer
@@ -77,12 +85,30 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
 
     @app.get("/health", response_model=None)
     async def health(request: Request) -> dict[str, str] | JSONResponse:
-        """200 while inference works; 503 with the reason once the engine has stopped, so a supervisor restarts it."""
+        """200 while inference works (a registry away only degrades it); 503 with the reason once the engine stopped."""
         state = server_state(request)
         if state.engine.error is not None:
             status, body = domain_error(EngineDeadError(f"the engine stopped: {state.engine.error!r}"))
             return JSONResponse(status_code=status, content={"status": "stopped", "engine": "stopped", **body})
-        return {"status": "ok", "engine": "running", "model": state.model_name}
+        registry = "ok" if calls.is_available else "unavailable"
+        return {
+            "status": "ok" if calls.is_available else "degraded",
+            "engine": "running",
+            "registry": registry,
+            "model": state.model_name,
+        }
+
+    @app.get("/ready", response_model=None)
+    async def ready(request: Request) -> dict[str, str] | JSONResponse:
+        """200 when the server takes every request, admin writes included; 503 while the registry or engine is away."""
+        state = server_state(request)
+        if state.engine.error is not None:
+            status, body = domain_error(EngineDeadError(f"the engine stopped: {state.engine.error!r}"))
+            return JSONResponse(status_code=status, content=body)
+        if not calls.is_available:
+            status, body = domain_error(RegistryUnavailableError("registry unavailable: admin changes cannot be taken"))
+            return JSONResponse(status_code=status, content=body)
+        return {"status": "ready"}
 
     @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:

@@ -1,31 +1,48 @@
 """The adapters the server offers: the registry's records kept in step with the engine.
 
 Every change goes registry first, engine second, and is undone in the registry when the
-engine refuses it, so a restart always sees what was served. Reads (name -> record for
-routing and personas) come from memory, never from the database on the request path.
+engine refuses it, so a restart always sees what was served. Changes to one name are
+serialized (an upload and a delete of the same name cannot interleave), and a change
+once started completes even when its client stopped waiting for a hung database.
+Reads on the request path (name -> record for routing and personas) come from memory;
+usage counts gather in memory and reach the database in the background. The database is
+reached only through RegistryCalls, never on a thread inference needs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import weakref
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from loraserve.engine.async_engine import AsyncLLMEngine
-from loraserve.errors import AdapterError, AdapterExistsError, UnknownAdapterError
+from loraserve.errors import AdapterError, AdapterExistsError, RegistryUnavailableError, UnknownAdapterError
 from loraserve.lora.adapter import CONFIG_FILE
 from loraserve.registry import AdapterInfo, Registry
+from loraserve.server.registry_calls import RegistryCalls
+from loraserve.server.usage_buffer import UsageBuffer
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+USAGE_FLUSH_SECONDS = 2.0
+
 
 class AdapterCatalog:
-    def __init__(self, registry: Registry, engine: AsyncLLMEngine, base_model: str) -> None:
-        self.registry = registry
+    def __init__(self, registry: Registry, engine: AsyncLLMEngine, base_model: str, calls: RegistryCalls) -> None:
+        self.registry = registry  # used directly only before the server serves (load_registered, samples)
+        self.calls = calls
         self.engine = engine
         self.base_model = base_model
+        self.usage = UsageBuffer()
         self._ready: dict[str, AdapterInfo] = {}
-        self._usage_writes: set[asyncio.Task[None]] = set()  # referenced until done, or they may vanish
+        self._name_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._changes: set[asyncio.Task[object]] = set()  # referenced until done, or they may vanish
 
     def load_registered(self) -> None:
         """At start (before the engine thread runs): verify every stored adapter and serve the sound ones."""
@@ -59,55 +76,123 @@ class AdapterCatalog:
     def ready(self) -> list[AdapterInfo]:
         return sorted(self._ready.values(), key=lambda info: info.name)
 
+    async def records(self) -> list[AdapterInfo]:
+        """Every registered adapter, from the database (with its counters)."""
+        return await self.calls("list adapters", self.registry.list)
+
+    async def record(self, name: str) -> AdapterInfo | None:
+        return await self.calls(f"read adapter {name!r}", self.registry.get, name)
+
     async def add(self, name: str, source_dir: Path, system_prompt: str | None, description: str | None) -> AdapterInfo:
         """Validate the PEFT directory against the base model, store it, serve it. All or nothing."""
-        if await asyncio.to_thread(self.registry.get, name) is not None:
-            raise AdapterExistsError(name)
         if name == self.base_model:
             raise AdapterError("name", f"{name!r} is the base model's id")
-        # Off the engine's lock and out of this process: a hostile file stalls no request (adapter_sandbox.py).
+        # Out of this process and off the engine's lock: a hostile file stalls no request (adapter_sandbox.py).
         adapter = await asyncio.to_thread(self.engine.engine.read_untrusted_adapter, source_dir)
-        info = await asyncio.to_thread(
-            self.registry.create, name, source_dir, adapter, self.base_model, system_prompt, description
-        )
-        stored = self.registry.files_of(info)
-        try:
-            await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter))
-        except BaseException:
-            await asyncio.to_thread(self.registry.delete, name)
-            raise
-        self._ready[name] = info
-        return info
+
+        async def change() -> AdapterInfo:
+            if await self.calls(f"read adapter {name!r}", self.registry.get, name, wait=True) is not None:
+                raise AdapterExistsError(name)
+            info = await self.calls(
+                f"register adapter {name!r}", self.registry.create, name, source_dir, adapter, self.base_model,
+                system_prompt, description, wait=True,
+            )  # fmt: skip
+            stored = self.registry.files_of(info)
+            try:
+                await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter))
+            except BaseException:
+                await self.calls(f"delete adapter {name!r}", self.registry.delete, name, wait=True)
+                raise
+            self._ready[name] = info
+            return info
+
+        return await self._change(name, change())
 
     async def update(self, name: str, **changes: str | None) -> AdapterInfo:
-        info = await asyncio.to_thread(lambda: self.registry.update(name, **changes))
-        if name in self._ready:
-            self._ready[name] = info
-        return info
+        async def change() -> AdapterInfo:
+            info = await self.calls(
+                f"update adapter {name!r}", lambda: self.registry.update(name, **changes), wait=True
+            )
+            if name in self._ready:
+                self._ready[name] = info
+            return info
+
+        return await self._change(name, change())
 
     async def remove(self, name: str) -> AdapterInfo:
         """Forget the adapter: new requests get 404 at once, the ones running finish."""
-        info = await asyncio.to_thread(self.registry.delete, name)
-        if self._ready.pop(name, None) is not None:
-            await self.engine.call(lambda engine: engine.remove_adapter(name))
-        return info
+
+        async def change() -> AdapterInfo:
+            info = await self.calls(f"delete adapter {name!r}", self.registry.delete, name, wait=True)
+            if self._ready.pop(name, None) is not None:
+                await self.engine.call(lambda engine: engine.remove_adapter(name))
+            return info
+
+        return await self._change(name, change())
 
     async def mark_failed(self, name: str, reason: str) -> None:
-        """The engine could not load a stored adapter: stop offering it, and say why in the registry."""
+        """The engine could not load a stored adapter: stop offering it now; the registry learns why later."""
         if self._ready.pop(name, None) is None:
             return
         logger.error("adapter %r failed: %s", name, reason)
-        await asyncio.to_thread(self.registry.mark_failed, name, reason)
         await self.engine.call(lambda engine: engine.remove_adapter(name))
+        self._in_background(
+            self.calls(f"mark adapter {name!r} failed", self.registry.mark_failed, name, reason, wait=True)
+        )
 
     def record_usage(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count a finished request in the registry, in the background: the answer never waits on it."""
-        task = asyncio.create_task(self._add_usage(name, prompt_tokens, completion_tokens))
-        self._usage_writes.add(task)
-        task.add_done_callback(self._usage_writes.discard)
+        """Count a finished request; the registry gets it with the next flush."""
+        self.usage.add(name, prompt_tokens, completion_tokens)
 
-    async def _add_usage(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
+    async def flush_usage(self) -> None:
+        """Write the gathered counts; on failure they go back into the buffer for the next flush."""
+        counts = self.usage.take()
+        if not counts:
+            return
         try:
-            await asyncio.to_thread(self.registry.add_usage, name, 1, prompt_tokens, completion_tokens)
-        except Exception:  # counters must never fail a request that was answered
-            logger.exception("could not record usage of adapter %r", name)
+            await self.calls("record usage", self.registry.add_usage, counts, wait=True)
+        except BaseException:
+            self.usage.put_back(counts)
+            raise
+
+    async def flush_usage_forever(self) -> None:
+        while True:
+            await asyncio.sleep(USAGE_FLUSH_SECONDS)
+            try:
+                await self.flush_usage()
+            except Exception as error:  # kept for the next flush; counters never fail a request
+                logger.warning("usage of %d adapters not recorded yet: %s", len(self.usage), error)
+
+    async def _change(self, name: str, change: Awaitable[T]) -> T:
+        """Run `change` alone among the changes to `name`; it completes even if the client stops waiting.
+
+        Its client waits `calls.timeout` for a database that does not answer, then gets a 503.
+        """
+        lock = self._name_locks.setdefault(name, asyncio.Lock())
+
+        async def locked() -> T:
+            async with lock:
+                return await change
+
+        task = self._in_background(locked())
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self.calls.timeout)
+        except TimeoutError:
+            raise RegistryUnavailableError(
+                f"registry unavailable: the change to adapter {name!r} waits for the database, and completes once "
+                f"it answers (not within {self.calls.timeout:g} s)"
+            ) from None
+
+    def _in_background(self, work: Awaitable[T]) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(work)
+        self._changes.add(task)
+        task.add_done_callback(self._changes.discard)
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())  # its client saw any error
+        return task
+
+    async def close(self, timeout: float) -> None:
+        """At shutdown: wait for changes under way and write the last usage counts, `timeout` seconds at most."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*self._changes, self.flush_usage(), return_exceptions=True), timeout)
+        if len(self.usage):
+            logger.warning("usage of %d adapters not recorded: the registry did not answer", len(self.usage))

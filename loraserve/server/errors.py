@@ -44,7 +44,7 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (AdapterExistsError, 409, "conflict_error", "adapter_exists"),
     (PayloadTooLargeError, 413, "invalid_request_error", "payload_too_large"),
     (AdapterUnavailableError, 503, "server_error", "unavailable"),
-    (RegistryError, 503, "server_error", "unavailable"),
+    (RegistryError, 503, "server_error", "registry_unavailable"),
     (EngineDeadError, 503, "server_error", "engine_stopped"),
     (RequestFailedError, 500, "server_error", "request_failed"),
 ]

@@ -7,7 +7,6 @@ last carrying `generated_text` and `details`; the concatenated token texts equal
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -123,7 +122,7 @@ async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator
         if parameters.truncate is not None:
             if parameters.truncate < 1:
                 raise InvalidRequestError("parameters.truncate", f"must be at least 1, got {parameters.truncate}")
-            prompt = (await asyncio.to_thread(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
+            prompt = (await state.engine.offload(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
         outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter.name if adapter else None)
         # Awaited here so a refused request is a plain error, not a broken stream.
         return outputs, await anext(outputs)

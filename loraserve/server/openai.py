@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -57,7 +56,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         persona = adapter.system_prompt if adapter is not None else None
         if persona and not any(message["role"] in ("system", "developer") for message in conversation):
             conversation.insert(0, {"role": "system", "content": persona})
-        prompt = await asyncio.to_thread(chat_prompt_ids, state.tokenizer, conversation)
+        prompt = await state.engine.offload(chat_prompt_ids, state.tokenizer, conversation)
         return await _respond(request, body, prompt, params, adapter, _ChatFormat(state, body.model))
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from loraserve.errors import AdapterError, AdapterExistsError, RegistryError
 from loraserve.lora.adapter import WEIGHTS_FILE, LoraAdapter
-from loraserve.registry import AdapterInfo, AdapterNotFoundError, AdapterStatus, FileStore, Registry
+from loraserve.registry import AdapterInfo, AdapterNotFoundError, AdapterStatus, FileStore, Registry, Usage
 from tests.registry.conftest import MakeAdapter
 
 
@@ -56,7 +56,7 @@ def test_unknown_names_raise_not_found(registry: Registry) -> None:
     ):
         with pytest.raises(AdapterNotFoundError, match="ghost"):
             call()
-    registry.add_usage("ghost", 1, 2, 3)  # a deleted adapter's late usage is dropped
+    registry.add_usage({"ghost": Usage(1, 2, 3)})  # a deleted adapter's late usage is dropped
 
 
 def test_equal_content_shares_files_until_the_last_is_deleted(registry: Registry, make_adapter: MakeAdapter) -> None:
@@ -163,7 +163,7 @@ def test_racing_creates_of_one_name_register_it_once(registry: Registry, make_ad
 
 def test_usage_counters_add_up_across_threads(registry: Registry, make_adapter: MakeAdapter) -> None:
     registry.create("pirate", *make_adapter(), base_model="smol")
-    threads = [threading.Thread(target=registry.add_usage, args=("pirate", 1, 10, 5)) for _ in range(8)]
+    threads = [threading.Thread(target=registry.add_usage, args=({"pirate": Usage(1, 10, 5)},)) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:

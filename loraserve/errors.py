@@ -50,6 +50,13 @@ class AdapterExistsError(LoraserveError):
         self.name = name
 
 
+class AdapterRetiringError(LoraserveError):
+    """A name deleted while its last requests still run cannot be reused yet (409 on the wire; retry soon)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"adapter {name!r} was removed and its last requests still run; retry in a moment")
+
+
 class PayloadTooLargeError(LoraserveError):
     """An upload or archive exceeds a configured size limit (413 on the wire)."""
 

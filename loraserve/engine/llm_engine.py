@@ -21,7 +21,7 @@ from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.stats import EngineStats, ResidentAdapter
 from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
-from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
+from loraserve.errors import AdapterError, AdapterRetiringError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
 from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.adapter_sandbox import check_untrusted_adapter
@@ -92,7 +92,7 @@ class LLMEngine:
         if not name or "/" in name or name == self.loaded.name:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
         if name in self._retiring:
-            raise AdapterError("name", f"adapter {name!r} was removed and its last requests still run; retry soon")
+            raise AdapterRetiringError(name)
 
     def remove_adapter(self, name: str) -> None:
         """Stop accepting requests for the adapter; the ones already queued or running finish with it."""

@@ -21,6 +21,7 @@ from loraserve.errors import (
     AdapterError,
     AdapterExistsError,
     AdapterNotFoundError,
+    AdapterRetiringError,
     AdapterUnavailableError,
     EngineDeadError,
     InvalidRequestError,
@@ -42,6 +43,7 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (InvalidRequestError, 400, "invalid_request_error", None),  # code: the field
     (AdapterError, 422, "invalid_adapter_error", None),  # code: the field or file
     (AdapterExistsError, 409, "conflict_error", "adapter_exists"),
+    (AdapterRetiringError, 409, "conflict_error", "adapter_retiring"),
     (PayloadTooLargeError, 413, "invalid_request_error", "payload_too_large"),
     (AdapterUnavailableError, 503, "server_error", "unavailable"),
     (RegistryError, 503, "server_error", "registry_unavailable"),

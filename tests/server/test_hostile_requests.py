@@ -132,3 +132,26 @@ def test_any_lorax_parameters_are_refused_by_name_or_served(server, normal_answe
     assert_refused_by_name_or_served(response, fields)
     wait_until_idle(server.engine)
     assert _normal_answer(server) == normal_answer
+
+
+def test_bodies_that_are_not_json_or_too_large_get_json_errors(server):
+    url = f"{server.url}/v1/chat/completions"
+    headers = {"content-type": "application/json"}
+    broken = httpx.post(url, content=b'{"model": "x", "messages": [', headers=headers)
+    assert broken.status_code == 400
+    error = broken.json()["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_json")
+    assert error["message"].startswith("the body is not valid JSON: Expecting value at character")
+    nested = httpx.post(url, content=b"[" * 100_000 + b"]" * 100_000, headers=headers)
+    assert nested.status_code == 400 and nested.json()["error"]["type"] == "invalid_request_error"
+
+    def chunks():  # 50 MB with no Content-Length: the limit must be found while it arrives
+        for _ in range(50):
+            yield b" " * (1 << 20)
+
+    chunked = httpx.post(url, content=chunks(), headers=headers, timeout=60)
+    assert chunked.status_code == 413
+    assert chunked.json()["error"]["code"] == "payload_too_large"
+    unknown = httpx.get(f"{server.url}/v1/nothing-here")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+    assert _normal_answer(server)

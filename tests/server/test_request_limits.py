@@ -1,0 +1,51 @@
+"""Bounded work per request: `n` is capped, and n x (prompt + max_tokens) must fit the KV pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.conftest import wait_until_idle
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+
+
+def rss_bytes() -> int:
+    """This process's resident memory: the test server runs in it."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def post(server, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/chat/completions", json={**CHAT, **body}, timeout=120)
+
+
+def test_n_above_the_cap_answers_400_and_costs_no_memory(server):
+    before = rss_bytes()
+    for n in (129, 100_000):
+        response = post(server, {"n": n, "max_tokens": 1})
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "n"
+        assert "at most 128 (--max-n)" in response.json()["error"]["message"]
+    assert rss_bytes() - before < 64 << 20, "a refused request allocates nothing to speak of"
+
+
+def test_n_completions_that_could_never_fit_the_kv_pool_answer_400_saying_so(server):
+    response = post(server, {"n": 128, "max_tokens": 2000})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "n" and "KV blocks" in error["message"] and "--pool-memory" in error["message"]
+
+
+def test_n_at_the_cap_is_served(server):
+    response = post(server, {"n": 128, "max_tokens": 1, "temperature": 1.0, "seed": 3})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 128
+    wait_until_idle(server.engine)

@@ -91,6 +91,10 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         "server (default); with --no-exit-on-engine-death it stays up, /health answering 503",
     )  # fmt: skip
     parser.add_argument("--no-samples", action="store_true", help="do not register the sample adapters on first start")
+    parser.add_argument(
+        "--registry-timeout", type=float, default=ServerConfig.registry_timeout,
+        help="seconds an admin request waits for the registry database before a 503 (inference never waits on it)",
+    )  # fmt: skip
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -107,6 +111,7 @@ def _serve(args: argparse.Namespace) -> None:
         api_keys=frozenset(args.api_key),
         max_upload_bytes=args.max_upload_bytes,
         register_samples=not args.no_samples,
+        registry_timeout=args.registry_timeout,
     )
     # The engine thread will be the only one computing in parallel: the model loads with every
     # core in a thread that then exits, and this thread (the event loop's) stays serial.

@@ -138,5 +138,7 @@ class ServerConfig:
         ):
             if value < 1:
                 raise ConfigError(flag, "must be a positive number of bytes")
+        if not self.registry_timeout > 0:
+            raise ConfigError("--registry-timeout", "must be a positive number of seconds")
         if self.admin_token is not None and len(self.admin_token) < 16:
             raise ConfigError("--admin-token", "must be at least 16 characters")

@@ -29,6 +29,16 @@ def with_config(**changes: object) -> list[tuple[str, bytes]]:
     return list(files.items())
 
 
+def lying_weights() -> list[tuple[str, bytes]]:
+    """A safetensors header that claims a 9 GB tensor over 64 bytes of data."""
+    header = json.dumps({
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight":
+            {"dtype": "F32", "shape": [4_000_000, 576], "data_offsets": [0, 9_216_000_000]},
+    }).encode()  # fmt: skip
+    weights = len(header).to_bytes(8, "little") + header + bytes(64)
+    return [peft_files(SAMPLES / "pirate")[0], ("adapter_model.safetensors", weights)]
+
+
 @pytest.mark.parametrize(
     ("config", "field"),
     [
@@ -49,6 +59,7 @@ def with_config(**changes: object) -> list[tuple[str, bytes]]:
         (with_config(base_model_name_or_path=7), "base_model_name_or_path"),
         ([("adapter_config.json", b"[" * 100_000 + b"]" * 100_000), peft_files(SAMPLES / "pirate")[1]],
          "adapter_config.json"),
+        (lying_weights(), "adapter_model.safetensors"),
         (with_config(target_modules=BACKTRACKING), "target_modules"),
         (with_config(rank_pattern={BACKTRACKING: 4}), "rank_pattern"),
     ],

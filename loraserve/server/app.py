@@ -10,18 +10,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
-from loraserve.errors import EngineDeadError, RegistryUnavailableError
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
-from loraserve.server import admin, lorax, openai
+from loraserve.server import admin, health, lorax, openai
 from loraserve.server.auth import require_admin_token, require_api_key
 from loraserve.server.body_limit import BodyLimitMiddleware
 from loraserve.server.catalog import AdapterCatalog
-from loraserve.server.errors import domain_error, install_error_handlers
+from loraserve.server.errors import install_error_handlers
 from loraserve.server.metrics import Metrics
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.state import ServerState, server_state
@@ -83,33 +81,6 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         upload_path="/admin/adapters",
     )
 
-    @app.get("/health", response_model=None)
-    async def health(request: Request) -> dict[str, str] | JSONResponse:
-        """200 while inference works (a registry away only degrades it); 503 with the reason once the engine stopped."""
-        state = server_state(request)
-        if state.engine.error is not None:
-            status, body = domain_error(EngineDeadError(f"the engine stopped: {state.engine.error!r}"))
-            return JSONResponse(status_code=status, content={"status": "stopped", "engine": "stopped", **body})
-        registry = "ok" if calls.is_available else "unavailable"
-        return {
-            "status": "ok" if calls.is_available else "degraded",
-            "engine": "running",
-            "registry": registry,
-            "model": state.model_name,
-        }
-
-    @app.get("/ready", response_model=None)
-    async def ready(request: Request) -> dict[str, str] | JSONResponse:
-        """200 when the server takes every request, admin writes included; 503 while the registry or engine is away."""
-        state = server_state(request)
-        if state.engine.error is not None:
-            status, body = domain_error(EngineDeadError(f"the engine stopped: {state.engine.error!r}"))
-            return JSONResponse(status_code=status, content=body)
-        if not calls.is_available:
-            status, body = domain_error(RegistryUnavailableError("registry unavailable: admin changes cannot be taken"))
-            return JSONResponse(status_code=status, content=body)
-        return {"status": "ready"}
-
     @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:
         state = server_state(request)
@@ -119,6 +90,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     # The page holds no data: everything it shows is fetched with the admin token.
     app.mount("/admin/ui", StaticFiles(directory=ADMIN_UI, html=True), name="admin-ui")
     inference = [Depends(require_api_key)]
+    app.include_router(health.router)
     app.include_router(openai.router, dependencies=inference)
     app.include_router(lorax.router, dependencies=inference)
     app.include_router(admin.router, dependencies=[Depends(require_admin_token)])

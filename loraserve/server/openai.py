@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from loraserve.engine import RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
-from loraserve.errors import LoraserveError, ModelNotFoundError, UnknownAdapterError
+from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundError, UnknownAdapterError
 from loraserve.registry import AdapterInfo
 from loraserve.server.errors import stream_error_event
 from loraserve.server.generation import fields_named, generate, resolve_adapter
@@ -48,6 +48,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> JSONRe
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
     adapter = _adapter_of(state, body)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs", "needs logprobs: true (as in OpenAI's API)")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     with fields_named({"max_tokens": max_tokens_field, "logprobs": "top_logprobs", "prompt": "messages"}):

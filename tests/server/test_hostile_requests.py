@@ -99,13 +99,15 @@ def test_unsupported_fields_are_refused_by_name(server):
         }
 
 
-def test_invalid_fields_of_the_lorax_api_are_named_as_it_names_them(server):
+def test_invalid_fields_are_named_as_each_api_names_them(server):
     body = {"inputs": "Hi", "parameters": {"max_new_tokens": 0}}
     response = send(server, "/generate", body)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "parameters.max_new_tokens"
     chat = send(server, "/v1/chat/completions", {**CHAT, "max_completion_tokens": 0})
     assert chat.json()["error"]["code"] == "max_completion_tokens"
+    alone = send(server, "/v1/chat/completions", {**CHAT, "top_logprobs": 2})
+    assert alone.status_code == 400 and alone.json()["error"]["code"] == "top_logprobs"
 
 
 @PROPERTY

@@ -116,10 +116,13 @@ class AsyncLLMEngine:
         stream: _Stream,
     ) -> None:
         keep_serial()
+        # Tokenized before taking the lock: a long text must not hold back the steps.
+        token_ids = self.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
+        text = prompt if isinstance(prompt, str) else None
         with self._lock:
             if self._error is not None:
                 raise EngineDeadError(f"the engine stopped: {self._error}")
-            self.engine.add_request(request_id, prompt, params, adapter=adapter)
+            self.engine.add_request(request_id, token_ids, params, adapter=adapter, text=text)
             self._streams[request_id] = stream
         self._has_work.set()
 

@@ -47,6 +47,7 @@ class LLMEngine:
             self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching
         )
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
+        self.max_prompt_chars = self.max_model_len * max(map(len, self.tokenizer.get_vocab()))
         self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
         self._requests: dict[str, Request] = {}
@@ -105,6 +106,20 @@ class LLMEngine:
     def adapter_names(self) -> list[str]:
         return [name for name in self.adapters.names if name not in self._retiring]
 
+    def tokenize(self, text: str) -> list[int]:
+        """`tokenizer(text)`'s ids; a text that no tokenization fits in the context window is refused first.
+
+        A token covers at most `longest token` characters, so a text longer than the window
+        times that needs more tokens than the window holds: refused without the work (an
+        8 MiB body would take seconds to tokenize).
+        """
+        if len(text) > self.max_prompt_chars:
+            raise InvalidRequestError(
+                "prompt",
+                f"is {len(text)} characters: more tokens than the context window of {self.max_model_len} holds",
+            )
+        return list(self.tokenizer(text)["input_ids"])
+
     def add_request(
         self,
         request_id: str,
@@ -112,14 +127,18 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         adapter: str | None = None,
+        text: str | None = None,
     ) -> Request:
-        """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids), with an adapter or none."""
+        """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids), with an adapter or none.
+
+        `text`: the text that token ids were tokenized from (`tokenize`), reported with the outputs.
+        """
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         if adapter is not None and (adapter not in self.adapters or adapter in self._retiring):
             raise UnknownAdapterError(adapter)
-        text = prompt if isinstance(prompt, str) else None
-        token_ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        text = prompt if isinstance(prompt, str) else text
+        token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate_request(token_ids, params)
         request = Request(
             request_id=request_id,

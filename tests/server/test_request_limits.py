@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -49,3 +50,13 @@ def test_n_at_the_cap_is_served(server):
     assert response.status_code == 200, response.text
     assert len(response.json()["choices"]) == 128
     wait_until_idle(server.engine)
+
+
+def test_a_prompt_no_tokenization_fits_is_refused_before_tokenizing(server):
+    huge = "hello world, " * 600_000  # 7.8 MB: seconds to tokenize, far past any context window
+    started = time.monotonic()
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": huge}, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "prompt"
+    chat = post(server, {"messages": [{"role": "user", "content": huge}]})
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "messages"
+    assert time.monotonic() - started < 5, "refused without tokenizing"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import multiprocessing
+import os
 import resource
 import signal
 import time
@@ -106,6 +107,7 @@ def _check_in_child(
     sender: Connection, path: Path, spec: LlamaSpec, max_rank: int, max_scale: float, cpu_seconds: int, memory: int
 ) -> None:
     """In the child: limit this process, check the files, send the verdict as JSON."""
+    os.nice(19)  # the engine's steps come first on the cores it shares with this check
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))  # SIGXCPU at the soft limit
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     soft = _mapped_bytes() + memory
@@ -132,6 +134,11 @@ def _mapped_bytes() -> int:
         if line.startswith("VmSize:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def warm_up() -> None:
+    """Start the fork server now (it imports torch: ~3 s of CPU), not at the first upload."""
+    _context().Process(target=os.getpid, name="loraserve-adapter-check-warm-up", daemon=True).start()
 
 
 @functools.cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 
 from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
+from loraserve.lora import adapter_sandbox
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
 from loraserve.server import admin, health, lorax, openai
 from loraserve.server.auth import require_admin_token, require_api_key
@@ -49,6 +51,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
+        threading.Thread(target=adapter_sandbox.warm_up, name="loraserve-sandbox-warm-up", daemon=True).start()
         background = [asyncio.create_task(calls.probe_forever()), asyncio.create_task(catalog.flush_usage_forever())]
         try:
             yield

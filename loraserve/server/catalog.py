@@ -3,7 +3,8 @@
 Every change goes registry first, engine second, and is undone in the registry when the
 engine refuses it, so a restart always sees what was served. Changes to one name are
 serialized (an upload and a delete of the same name cannot interleave), and a change
-once started completes even when its client stopped waiting for a hung database.
+once started goes on when its client stops waiting for a hung database: it is applied, or
+fails, whole, once the database answers.
 Reads on the request path (name -> record for routing and personas) come from memory;
 usage counts gather in memory and reach the database in the background. The database is
 reached only through RegistryCalls, never on a thread inference needs.
@@ -164,7 +165,7 @@ class AdapterCatalog:
                 logger.warning("usage of %d adapters not recorded yet: %s", len(self.usage), error)
 
     async def _change(self, name: str, change: Awaitable[T]) -> T:
-        """Run `change` alone among the changes to `name`; it completes even if the client stops waiting.
+        """Run `change` alone among the changes to `name`; it goes on if the client stops waiting.
 
         Its client waits `calls.timeout` for a database that does not answer, then gets a 503.
         """
@@ -179,8 +180,9 @@ class AdapterCatalog:
             return await asyncio.wait_for(asyncio.shield(task), self.calls.timeout)
         except TimeoutError:
             raise RegistryUnavailableError(
-                f"registry unavailable: the change to adapter {name!r} waits for the database, and completes once "
-                f"it answers (not within {self.calls.timeout:g} s)"
+                f"registry unavailable: the database did not answer within {self.calls.timeout:g} s; the change to "
+                f"adapter {name!r} goes on, and is applied if the database answers later "
+                f"(GET /admin/adapters/{name} tells; an upload's files are gone by then, so send it again)"
             ) from None
 
     def _in_background(self, work: Awaitable[T]) -> asyncio.Task[T]:

@@ -20,6 +20,8 @@ from loraserve.errors import LoraserveError
 
 env = os.environ.get
 
+SLO_PRESETS: dict[str, tuple[float | None, float | None]] = {"chat": (1.0, 0.1)}  # (TTFT, TPOT) seconds
+
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=env("LORASERVE_MODEL"), help="HF safetensors directory (default: embedded)")
@@ -28,6 +30,18 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=128, help="sequences decoding together")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (chunked prefill)")
     parser.add_argument("--max-n", type=int, default=SchedulerConfig.max_n, help="completions one request may ask for")
+    parser.add_argument(
+        "--ttft-slo", type=float, default=None,
+        help="seconds to the first token: a request predicted later is refused at once (503, Retry-After)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tpot-slo", type=float, default=None,
+        help="seconds per output token: the running batch is kept small enough to meet it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slo", choices=sorted(SLO_PRESETS), default=None,
+        help="a preset of --ttft-slo and --tpot-slo: chat = 1 s and 100 ms (the flags override it)",
+    )  # fmt: skip
     parser.add_argument(
         "--pool-memory", type=int, default=CacheConfig.pool_memory,
         help="bytes for the memory pool that KV blocks and loaded adapters share (default 2 GiB)",
@@ -49,6 +63,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    preset = SLO_PRESETS[args.slo] if args.slo else (None, None)
     return EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device),
         cache=CacheConfig(
@@ -57,7 +72,11 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
             prefix_caching=args.prefix_caching,
         ),
         scheduler=SchedulerConfig(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_n=args.max_n
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_n=args.max_n,
+            ttft_slo=args.ttft_slo if args.ttft_slo is not None else preset[0],
+            tpot_slo=args.tpot_slo if args.tpot_slo is not None else preset[1],
         ),
         lora=LoraConfig(
             max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, host_cache_bytes=args.host_cache_bytes

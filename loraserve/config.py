@@ -71,6 +71,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512  # tokens computed in one step; longer prompts are chunked
     max_model_len: int | None = None  # None = the model's context window
     max_n: int = 128  # completions one request may ask for (OpenAI's limit)
+    ttft_slo: float | None = None  # seconds to the first token; a request predicted later is refused (admission.py)
+    tpot_slo: float | None = None  # seconds per output token; the running batch is kept small enough for it
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -81,6 +83,9 @@ class SchedulerConfig:
             raise ConfigError("--max-model-len", "must be at least 2")
         if self.max_n < 1:
             raise ConfigError("--max-n", "must be at least 1")
+        for flag, target in (("--ttft-slo", self.ttft_slo), ("--tpot-slo", self.tpot_slo)):
+            if target is not None and not 0 < target < float("inf"):
+                raise ConfigError(flag, f"must be a positive number of seconds, got {target}")
 
 
 @dataclass(frozen=True)

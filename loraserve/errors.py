@@ -91,3 +91,15 @@ class RequestFailedError(LoraserveError):
 
 class EngineDeadError(LoraserveError):
     """The step loop stopped for good (an unrecoverable device error); no request can make progress (503)."""
+
+
+class OverloadedError(LoraserveError):
+    """At capacity: the request would miss its latency target; refused before any work (503, Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds until the queue is predicted to have room
+
+
+class RequestTimeoutError(LoraserveError):
+    """The request waited past the timeout its client set, and was dropped unserved (504)."""

@@ -69,11 +69,17 @@ class AsyncLLMEngine:
         self.engine.close()
 
     async def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        adapter: str | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that touched it, the last one finished."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        await self.offload(self._add, request_id, prompt, params, adapter, stream)
+        await self.offload(self._add, request_id, prompt, params, adapter, stream, priority, timeout)
         finished = False
         try:
             while not finished:
@@ -114,6 +120,8 @@ class AsyncLLMEngine:
         params: SamplingParams,
         adapter: str | None,
         stream: _Stream,
+        priority: int,
+        timeout: float | None,
     ) -> None:
         keep_serial()
         # Tokenized before taking the lock: a long text must not hold back the steps.
@@ -122,7 +130,9 @@ class AsyncLLMEngine:
         with self._lock:
             if self._error is not None:
                 raise EngineDeadError(f"the engine stopped: {self._error}")
-            self.engine.add_request(request_id, token_ids, params, adapter=adapter, text=text)
+            self.engine.add_request(
+                request_id, token_ids, params, adapter=adapter, text=text, priority=priority, timeout=timeout
+            )
             self._streams[request_id] = stream
         self._has_work.set()
 

@@ -128,10 +128,14 @@ class LLMEngine:
         arrival_time: float | None = None,
         adapter: str | None = None,
         text: str | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
     ) -> Request:
         """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids), with an adapter or none.
 
         `text`: the text that token ids were tokenized from (`tokenize`), reported with the outputs.
+        `priority`: lower first. `timeout`: seconds after which it is dropped if it has not started.
+        OverloadedError when SLO targets are set and it would miss its TTFT (admission.py).
         """
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -140,13 +144,16 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else text
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate_request(token_ids, params)
+        arrival_time = time.monotonic() if arrival_time is None else arrival_time
         request = Request(
             request_id=request_id,
             prompt=text,
             prompt_token_ids=token_ids,
             params=params,
-            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            arrival_time=arrival_time,
             adapter=adapter,
+            priority=priority,
+            deadline=None if timeout is None else arrival_time + timeout,
         )
         self._requests[request_id] = request
         self.scheduler.add_request(request)
@@ -198,6 +205,11 @@ class LLMEngine:
             prefix_cache_hit_tokens=self.scheduler.prefix_cache_hit_tokens,
             failed_steps=self.num_failed_steps,
             failed_requests=self.num_failed_requests,
+            running_cap=self.scheduler.admission.running_cap,
+            admitted_requests=self.scheduler.admission.num_admitted,
+            refused_overloaded=self.scheduler.admission.num_refused,
+            dropped_timed_out=self.scheduler.num_timed_out,
+            predicted_queue_seconds=self.scheduler.predicted_queue_seconds(),
         )
 
     def reset_prefix_cache(self) -> None:
@@ -231,9 +243,13 @@ class LLMEngine:
     def _run(self, batch: ScheduledBatch) -> list[Request]:
         """Compute the step; a row that raises ends its own request with an error, and the rest go on."""
         self.model_runner.copy_blocks(batch.block_copies)
+        started = time.perf_counter()
         ran = run_isolating_failures(self.model_runner.run, batch, self.model_runner.is_unrecoverable)
         if ran.failures:
             self.num_failed_steps += 1
+        else:  # what admission predicts with (step_costs.py)
+            prompt_tokens = sum(item.num_new_tokens for item in batch.prefills)
+            self.scheduler.costs.observe(len(batch.scheduled), prompt_tokens, time.perf_counter() - started)
         for failure in ran.failures:
             request = failure.item.seq.request
             logger.error("request %r failed in a step: %r", request.request_id, failure.error, exc_info=failure.error)

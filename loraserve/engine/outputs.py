@@ -16,13 +16,14 @@ class TokenLogprob:
 
 ADAPTER_UNAVAILABLE = "adapter_unavailable"  # its adapter could not be loaded
 STEP_FAILED = "step_failed"  # scheduling or computing it raised; the other requests went on
+TIMED_OUT = "timed_out"  # it waited past its deadline without starting
 
 
 @dataclass(frozen=True)
 class RequestError:
     """Why a request ended with finish_reason "error"."""
 
-    code: str  # ADAPTER_UNAVAILABLE or STEP_FAILED
+    code: str  # ADAPTER_UNAVAILABLE, STEP_FAILED or TIMED_OUT
     message: str
 
 

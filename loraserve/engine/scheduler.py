@@ -26,14 +26,19 @@ from collections.abc import Callable
 from typing import Protocol
 
 from loraserve.config import SchedulerConfig
+from loraserve.engine.admission import Admission
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
-from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, STEP_FAILED, RequestError
+from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, STEP_FAILED, TIMED_OUT, RequestError
+from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
+from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.lora.residency import Residency
 
 logger = logging.getLogger(__name__)
+
+_PROBE_PARAMS = SamplingParams(max_tokens=1)
 
 # Free blocks kept back when admitting new work, so running sequences can grow a little.
 WATERMARK_FRACTION = 0.01
@@ -79,8 +84,13 @@ class Scheduler:
         self._failed: list[Request] = []
         self._failing: dict[Request, RequestError] = {}  # found by `schedule`, ended by `take_failed`
         self._draining: str | None = None  # admits no new sequence until drained (see the module doc)
+        self.costs = StepCosts()  # the engine reports each step's time
+        self.admission = Admission(config, self.costs)
+        self.num_timed_out = 0
 
     def add_request(self, request: Request) -> None:
+        """Queue the request behind those of its priority or better; OverloadedError if it would miss its TTFT."""
+        self.admission.check(request, self.running, self.waiting)
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request=request,
@@ -90,13 +100,24 @@ class Scheduler:
             pending_forks=request.params.n - 1,
         )
         request.seqs.append(seq)
-        self.waiting.append(seq)
+        behind = next((i for i, other in enumerate(self.waiting) if other.request.priority > request.priority), None)
+        if behind is None:
+            self.waiting.append(seq)
+        else:
+            self.waiting.insert(behind, seq)
+
+    def predicted_queue_seconds(self) -> float:
+        """How long a new request of no prompt would wait for its first step now (for routers' metrics)."""
+        probe = Request(request_id="", prompt=None, prompt_token_ids=[], params=_PROBE_PARAMS, arrival_time=0.0)
+        return self.admission.first_token_delay(probe, self.running, self.waiting) if self.costs.is_ready else 0.0
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        self._drop_expired()
         budget = self.config.max_num_batched_tokens
+        max_running = self.admission.running_cap
         chosen: list[tuple[Sequence, int]] = []
         copies: list[BlockCopy] = []
         # Decodes first: a long prompt chunk must not hold back the token of every other user.
@@ -130,7 +151,7 @@ class Scheduler:
         if self._draining is not None and not any(seq.request.adapter == self._draining for seq in self.running):
             self._draining = None  # drained: its idle slot goes to the first waiting request that needs one
         for seq in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.config.max_num_seqs or preempted:
+            if budget <= 0 or len(self.running) >= max_running or preempted:
                 break
             if seq.request in self._failing:
                 continue
@@ -186,6 +207,17 @@ class Scheduler:
         chosen.append((seq, num_new))
         return num_new
 
+    def _drop_expired(self) -> None:
+        """Requests still waiting for their start past their deadline end (after the step) with TIMED_OUT."""
+        now = self.clock()
+        for seq in self.waiting:
+            request = seq.request
+            expired = request.deadline is not None and now > request.deadline
+            if expired and request.first_scheduled_time is None and request not in self._failing:
+                waited = now - request.arrival_time
+                self._failing[request] = RequestError(TIMED_OUT, f"dropped unserved after waiting {waited:.1f} s")
+                self.num_timed_out += 1
+
     def _fail_after_step(self, seq: Sequence, error: Exception) -> None:
         """One request's bad state must not stop the others' steps: it ends after this one (`take_failed`)."""
         logger.exception("scheduling request %r failed", seq.request.request_id)
@@ -215,6 +247,7 @@ class Scheduler:
                 seq.logprobs.append(logprob)
             reason = self.stop_checker.check(seq)
             if reason is not None:
+                self.costs.observe_finished(seq.num_output_tokens)
                 self._finish(seq, reason, now)
             touched[seq.request.request_id] = seq.request
         return list(touched.values())

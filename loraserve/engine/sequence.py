@@ -26,6 +26,8 @@ class Request:
     params: SamplingParams
     arrival_time: float
     adapter: str | None = None  # the LoRA adapter's name; None = the base model
+    priority: int = 0  # lower is scheduled first; equal priorities in arrival order
+    deadline: float | None = None  # monotonic time after which it is dropped if still waiting for its start
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first scheduled

@@ -39,6 +39,11 @@ class EngineStats:
     prefix_cache_hit_tokens: int  # of those, found in the prefix cache instead of computed
     failed_steps: int  # steps in which a row raised; the other rows went on (step_isolation.py)
     failed_requests: int  # requests such rows ended with an error
+    running_cap: int  # the most sequences run at once (--max-num-seqs, or fewer for the TPOT target)
+    admitted_requests: int  # requests queued since start
+    refused_overloaded: int  # requests refused since start: they would have missed the TTFT target
+    dropped_timed_out: int  # requests dropped since start: they waited past their timeout
+    predicted_queue_seconds: float  # a new request's predicted wait for its first step
 
     @property
     def free_pages(self) -> int:

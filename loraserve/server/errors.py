@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import uuid
 from typing import Any
 
@@ -27,9 +28,11 @@ from loraserve.errors import (
     InvalidRequestError,
     LoraserveError,
     ModelNotFoundError,
+    OverloadedError,
     PayloadTooLargeError,
     RegistryError,
     RequestFailedError,
+    RequestTimeoutError,
     UnknownAdapterError,
 )
 
@@ -49,6 +52,8 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (RegistryError, 503, "server_error", "registry_unavailable"),
     (EngineDeadError, 503, "server_error", "engine_stopped"),
     (RequestFailedError, 500, "server_error", "request_failed"),
+    (OverloadedError, 503, "server_error", "overloaded"),
+    (RequestTimeoutError, 504, "server_error", "timeout"),
 ]
 
 
@@ -82,7 +87,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LoraserveError)
     async def known(_: Request, error: LoraserveError) -> JSONResponse:
         status, body = domain_error(error)
-        return JSONResponse(status_code=status, content=body)
+        headers = {}
+        if isinstance(error, OverloadedError):  # when to come back: what a router needs to go elsewhere meanwhile
+            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+        return JSONResponse(status_code=status, content=body, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, error: RequestValidationError) -> JSONResponse:

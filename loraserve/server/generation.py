@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
 
 from fastapi import Request
 
 from loraserve.engine import RequestOutput, SamplingParams
-from loraserve.engine.outputs import ADAPTER_UNAVAILABLE
-from loraserve.errors import AdapterUnavailableError, InvalidRequestError, RequestFailedError
+from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, TIMED_OUT
+from loraserve.engine.sampling_params import INT64_MAX, INT64_MIN
+from loraserve.errors import AdapterUnavailableError, InvalidRequestError, RequestFailedError, RequestTimeoutError
 from loraserve.registry import AdapterInfo
 from loraserve.server.state import ServerState, server_state
 
@@ -32,12 +35,47 @@ def fields_named(names: Mapping[str, str]) -> Iterator[None]:
         raise InvalidRequestError(names[error.field], error.message) from None
 
 
+@dataclass(frozen=True)
+class Scheduling:
+    """Where a request queues: `priority` (lower first, vLLM's field) and `timeout` (seconds to start)."""
+
+    priority: int = 0
+    timeout: float | None = None
+
+    @classmethod
+    def of(cls, http: Request, priority: object = 0, timeout: object = None) -> Scheduling:
+        """From the body's fields and the X-Request-Timeout header (the field wins); 400 naming what is wrong."""
+        if not (isinstance(priority, int) and not isinstance(priority, bool) and INT64_MIN <= priority <= INT64_MAX):
+            raise InvalidRequestError("priority", f"must be an integer in int64, got {priority!r}")
+        field = "timeout"
+        if timeout is None and "x-request-timeout" in http.headers:
+            field, timeout = "X-Request-Timeout", _number(http.headers["x-request-timeout"])
+        if timeout is None:
+            return cls(priority)
+        if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
+            raise InvalidRequestError(field, f"must be a positive number of seconds, got {timeout!r}")
+        return cls(priority, float(timeout))
+
+
+def _number(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 async def generate(
-    http: Request, request_id: str, prompt: str | list[int], params: SamplingParams, adapter: str | None
+    http: Request,
+    request_id: str,
+    prompt: str | list[int],
+    params: SamplingParams,
+    adapter: str | None,
+    scheduling: Scheduling,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's stream for one request, aborted when the client goes away; counted when finished."""
     state = server_state(http)
-    async with aclosing(state.engine.generate(request_id, prompt, params, adapter)) as outputs:
+    stream = state.engine.generate(request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout)
+    async with aclosing(stream) as outputs:
         async for output in outputs:
             if output.finished:
                 state.metrics.record_request(adapter or state.model_name, output)
@@ -45,6 +83,8 @@ async def generate(
                 if output.error.code == ADAPTER_UNAVAILABLE and adapter is not None:
                     await state.catalog.mark_failed(adapter, output.error.message)
                     raise AdapterUnavailableError(f"adapter {adapter!r} cannot be loaded: {output.error.message}")
+                if output.error.code == TIMED_OUT:
+                    raise RequestTimeoutError(f"the request timed out: {output.error.message}")
                 raise RequestFailedError(f"the request failed: {output.error.message}")
             if output.finished and adapter is not None:
                 completion_tokens = sum(len(c.token_ids) for c in output.outputs)

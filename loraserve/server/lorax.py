@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
 from loraserve.errors import InvalidRequestError, LoraserveError
-from loraserve.server.generation import fields_named, generate, resolve_adapter
+from loraserve.server.generation import Scheduling, fields_named, generate, resolve_adapter
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -123,7 +123,10 @@ async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator
             if parameters.truncate < 1:
                 raise InvalidRequestError("parameters.truncate", f"must be at least 1, got {parameters.truncate}")
             prompt = (await state.engine.offload(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
-        outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter.name if adapter else None)
+        adapter_name = adapter.name if adapter else None
+        outputs = generate(
+            request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter_name, Scheduling.of(request)
+        )
         # Awaited here so a refused request is a plain error, not a broken stream.
         return outputs, await anext(outputs)
 

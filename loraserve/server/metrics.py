@@ -62,6 +62,11 @@ class Metrics:
                 ("prefix_cache_hit_tokens", "Admitted tokens found in the prefix cache since start"),
                 ("failed_steps", "Steps in which computing a row raised since start (the other rows went on)"),
                 ("failed_requests", "Requests ended with an error because computing them raised, since start"),
+                ("running_cap", "The most sequences run at once (--max-num-seqs, or fewer for the TPOT target)"),
+                ("admitted_requests", "Requests queued since start"),
+                ("refused_overloaded", "Requests refused since start: they would have missed the TTFT target"),
+                ("dropped_timed_out", "Requests dropped since start: they waited past their timeout"),
+                ("predicted_queue_seconds", "A new request's predicted wait for its first step"),
             )
         }
 
@@ -99,6 +104,11 @@ class Metrics:
             "prefix_cache_hit_tokens": stats.prefix_cache_hit_tokens,
             "failed_steps": stats.failed_steps,
             "failed_requests": stats.failed_requests,
+            "running_cap": stats.running_cap,
+            "admitted_requests": stats.admitted_requests,
+            "refused_overloaded": stats.refused_overloaded,
+            "dropped_timed_out": stats.dropped_timed_out,
+            "predicted_queue_seconds": stats.predicted_queue_seconds,
         }
         for name, value in values.items():
             self._gauges[name].set(value)

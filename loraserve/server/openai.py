@@ -16,7 +16,7 @@ from loraserve.engine.chat import chat_prompt_ids
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundError, UnknownAdapterError
 from loraserve.registry import AdapterInfo
 from loraserve.server.errors import stream_error_event
-from loraserve.server.generation import fields_named, generate, resolve_adapter
+from loraserve.server.generation import Scheduling, fields_named, generate, resolve_adapter
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
 from loraserve.server.state import ServerState, server_state
 
@@ -82,7 +82,8 @@ async def _respond(
     fmt: _Format,
 ) -> JSONResponse | StreamingResponse:
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
-    outputs = generate(request, request_id, prompt, params, adapter.name if adapter else None)
+    scheduling = Scheduling.of(request, body.priority, body.timeout)
+    outputs = generate(request, request_id, prompt, params, adapter.name if adapter else None, scheduling)
     # The first output is awaited here so a refused request is a plain error, not a broken stream.
     first = await anext(outputs)
     if body.stream:

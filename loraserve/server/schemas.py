@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,8 @@ class SamplingFields(BaseModel):
 
     model: str
     user: str | None = None  # OpenAI's end-user id: accepted, changes nothing in the answer
+    priority: Any = 0  # vLLM's extension: lower first (checked by Scheduling.of, which names it)
+    timeout: Any = None  # seconds the request may wait for its start, else 504
     adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
     n: int = 1
     temperature: float = 1.0

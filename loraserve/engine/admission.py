@@ -1,0 +1,78 @@
+"""SLO-aware admission: a running batch small enough for the TPOT target, and no request let in that
+cannot get its first token within the TTFT target.
+
+Past capacity, admitting everything makes every token slow and every first token late.
+With targets set, the scheduler runs at most `running_cap` sequences: the most whose decode
+step the learnt costs (step_costs.py) put within TPOT_HEADROOM of the TPOT target, leaving
+room for the prompt chunks computed in the same steps. A new request's first-token delay is
+predicted from what is ahead of it: the waiting requests of its priority or better (their
+prompts to compute), and, when the batch is full, the running sequences that must finish to
+make room (their expected remaining tokens, at the current step time). A request predicted
+late is refused at once (OverloadedError: 503 with Retry-After), before any token is
+computed, so admitted streams keep their SLO and the client can go elsewhere.
+Without targets nothing changes. Plain Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from loraserve.config import SchedulerConfig
+from loraserve.engine.sequence import Request, Sequence
+from loraserve.engine.step_costs import StepCosts
+from loraserve.errors import OverloadedError
+
+TPOT_HEADROOM = 0.8  # share of the TPOT target a decode step may take; the rest is for prompt chunks
+
+
+@dataclass
+class Admission:
+    """Owned by the scheduler, which asks it before queueing a request and before growing the batch."""
+
+    config: SchedulerConfig
+    costs: StepCosts
+    num_admitted: int = 0
+    num_refused: int = 0
+
+    @property
+    def running_cap(self) -> int:
+        """The most sequences to run at once: --max-num-seqs, or fewer to meet the TPOT target."""
+        limit, target = self.config.max_num_seqs, self.config.tpot_slo
+        if target is None or not self.costs.is_ready:
+            return limit
+        return self.costs.max_seqs_within(TPOT_HEADROOM * target, limit)
+
+    def first_token_delay(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> float:
+        """Predicted seconds from now to `request`'s first token, were it queued now."""
+        ahead = [seq for seq in waiting if seq.request.priority <= request.priority]
+        prompt_tokens = sum(seq.num_uncomputed_tokens for seq in ahead) + len(request.prompt_token_ids)
+        cap = self.running_cap
+        step = self.costs.decode_seconds(min(len(running) + 1, cap))
+        slots_needed = len(ahead) + 1 - (cap - len(running))
+        wait = 0.0
+        if slots_needed > 0:
+            remaining = sorted(
+                max(1.0, self.costs.expected_output_tokens(seq.params.max_tokens) - seq.num_output_tokens)
+                for seq in running
+            )
+            if slots_needed <= len(remaining):
+                wait = remaining[slots_needed - 1] * step
+            else:  # more waves than the running batch frees at once
+                wait = slots_needed / cap * self.costs.expected_output_tokens(request.params.max_tokens) * step
+        prompt_steps = math.ceil(prompt_tokens / self.config.max_num_batched_tokens)
+        return wait + prompt_steps * step + self.costs.prompt_seconds(prompt_tokens)
+
+    def check(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> None:
+        """Refuse `request` (OverloadedError) if it cannot get its first token within the TTFT target."""
+        target = self.config.ttft_slo
+        delay = self.first_token_delay(request, running, waiting) if target and self.costs.is_ready else 0.0
+        if target is not None and delay > target:
+            self.num_refused += 1
+            raise OverloadedError(
+                f"the server is at capacity: the first token would come in {delay:.1f} s, past the {target:g} s "
+                "target; retry later or elsewhere",
+                retry_after=delay - target,
+            )
+        self.num_admitted += 1

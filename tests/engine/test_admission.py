@@ -1,0 +1,93 @@
+"""SLO-aware admission without a model: learnt step costs, the running cap, refusals, priority, deadlines."""
+
+from __future__ import annotations
+
+import pytest
+
+from loraserve.engine.outputs import TIMED_OUT
+from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sequence import Request, SequenceStatus
+from loraserve.engine.step_costs import StepCosts
+from loraserve.errors import OverloadedError
+from tests.engine.test_scheduler import add, make_scheduler, step, tokenizer  # noqa: F401 - fixture
+
+
+def taught(costs: StepCosts, fixed: float = 0.010, per_seq: float = 0.002, per_token: float = 0.0005) -> StepCosts:
+    """Feed the costs the steps of a machine where a step takes fixed + per_seq x seqs + per_token x prompt tokens."""
+    for num_seqs in (1, 2, 4, 8, 16, 8, 4):
+        costs.observe(num_seqs, 0, fixed + per_seq * num_seqs)
+    costs.observe(5, 100, fixed + per_seq * 4 + per_token * 100)
+    return costs
+
+
+def queue(scheduler, request_id: str, priority: int, deadline: float | None = None) -> Request:
+    request = Request(
+        request_id=request_id,
+        prompt=None,
+        prompt_token_ids=[100, 101, 102, 103],
+        params=SamplingParams(max_tokens=4, temperature=0.0),
+        arrival_time=0.0,
+        priority=priority,
+        deadline=deadline,
+    )
+    scheduler.add_request(request)
+    return request
+
+
+def test_step_costs_fit_the_fixed_and_per_sequence_cost_and_the_prompt_token_cost():
+    costs = taught(StepCosts())
+    assert costs.decode_seconds(10) == pytest.approx(0.030, rel=1e-6)
+    assert costs.prompt_seconds(200) == pytest.approx(0.1, rel=0.05)
+    assert costs.max_seqs_within(0.050, limit=128) == 20
+    assert costs.max_seqs_within(0.050, limit=8) == 8
+
+
+def test_step_costs_assume_a_per_sequence_cost_until_batch_sizes_vary():
+    costs = StepCosts()
+    for _ in range(5):
+        costs.observe(1, 0, 0.017)
+    assert costs.decode_seconds(16) == pytest.approx(0.032, rel=0.01)  # 16 ms fixed + 16 x 1 ms
+    assert costs.max_seqs_within(0.1, limit=128) < 128, "no infinite batch from a single batch size"
+
+
+def test_without_targets_every_request_is_admitted(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=8)
+    taught(scheduler.costs)
+    for i in range(40):
+        add(scheduler, f"r{i}", prompt_len=8, max_tokens=64)
+    assert scheduler.admission.running_cap == 8 and scheduler.admission.num_refused == 0
+
+
+def test_the_batch_stays_within_the_tpot_cap_and_late_requests_are_refused(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, ttft_slo=0.5, tpot_slo=0.025)
+    taught(scheduler.costs)
+    cap = scheduler.admission.running_cap
+    assert cap == 5  # (0.8 x 25 ms - 10 ms) / 2 ms
+    admitted, refusals = [], []
+    for i in range(30):
+        try:
+            admitted.append(add(scheduler, f"r{i}", prompt_len=8, max_tokens=64))
+        except OverloadedError as error:
+            refusals.append(error)
+        step(scheduler)
+        assert len(scheduler.running) <= cap
+    assert refusals and all(error.retry_after > 0 for error in refusals)
+    assert len(admitted) >= cap
+    assert scheduler.admission.num_refused == len(refusals)
+
+
+def test_priority_orders_the_queue_and_a_deadline_drops_a_request_that_never_started(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=1)
+    now = [0.0]
+    scheduler.clock = lambda: now[0]
+    running = add(scheduler, "running", prompt_len=4, max_tokens=8)
+    step(scheduler)
+    late = queue(scheduler, "late", priority=0, deadline=1.0)
+    urgent = queue(scheduler, "urgent", priority=-1)
+    assert [seq.request for seq in scheduler.waiting] == [urgent, late]
+    now[0] = 2.0
+    step(scheduler)
+    (failed,) = scheduler.take_failed()
+    assert failed is late and late.error is not None and late.error.code == TIMED_OUT
+    assert late.seqs[0].status is SequenceStatus.FINISHED and scheduler.num_timed_out == 1
+    assert running.seqs[0].status is SequenceStatus.RUNNING, "a running request is never dropped"

@@ -1,0 +1,101 @@
+"""Past capacity with SLO targets: refusals are immediate 503s with Retry-After, the admitted keep the SLO.
+
+The burst is sized from the running cap the engine computed on this machine (from the steps
+it measured), never from constants: three times what it may run at once, all at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from loraserve.config import SchedulerConfig
+from tests.server.conftest import RunningServer, start_server, wait_until_idle
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+TTFT, TPOT = 1.0, 0.1
+
+
+@pytest.fixture(scope="module")
+def slo_server(loaded_model, tmp_path_factory) -> Iterator[RunningServer]:
+    scheduler = SchedulerConfig(ttft_slo=TTFT, tpot_slo=TPOT)
+    yield from start_server(loaded_model, tmp_path_factory.mktemp("data"), scheduler=scheduler)
+
+
+def gauge(metrics: str, name: str) -> float:
+    (line,) = [line for line in metrics.splitlines() if line.startswith(f"loraserve_{name} ")]
+    return float(line.split()[1])
+
+
+async def stream_chat(client: httpx.AsyncClient, index: int) -> dict[str, float | int | str | None]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"Tell me story number {index}."}],
+            "max_tokens": 16, "ignore_eos": True, "temperature": 0, "stream": True}  # fmt: skip
+    sent = time.monotonic()
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            text = (await response.aread()).decode()
+            return {"status": response.status_code, "answered": time.monotonic() - sent, "body": text,
+                    "retry_after": response.headers.get("retry-after")}  # fmt: skip
+        first = None
+        async for line in response.aiter_lines():
+            if line.startswith("data: {") and first is None and json.loads(line[6:])["choices"][0]["delta"]:
+                first = time.monotonic() - sent
+        return {"status": 200, "ttft": first, "done": time.monotonic() - sent}
+
+
+async def burst(url: str, size: int) -> tuple[list[dict], list[tuple[float, float]]]:
+    """`size` streamed chats at once, and (running, cap) read from /metrics every 50 ms meanwhile."""
+    samples: list[tuple[float, float]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=size + 4)) as client:
+        sending = asyncio.gather(*(stream_chat(client, i) for i in range(size)))
+        while not sending.done():
+            metrics = (await client.get("/metrics")).text
+            samples.append((gauge(metrics, "running_sequences"), gauge(metrics, "running_cap")))
+            await asyncio.sleep(0.05)
+        return await sending, samples
+
+
+def test_past_capacity_refusals_are_quick_503s_and_the_admitted_meet_the_ttft(slo_server):
+    warm = asyncio.run(burst(slo_server.url, 8))[0]  # steps of several batch sizes teach the costs
+    assert all(result["status"] == 200 for result in warm)
+    wait_until_idle(slo_server.engine)
+    cap = int(gauge(httpx.get(f"{slo_server.url}/metrics").text, "running_cap"))
+    assert 1 <= cap <= SchedulerConfig.max_num_seqs
+
+    results, samples = asyncio.run(burst(slo_server.url, 3 * cap + 8))
+    refused = [r for r in results if r["status"] != 200]
+    admitted = [r for r in results if r["status"] == 200]
+    assert refused, f"3 x the cap ({cap}) at once: some must be refused"
+    for refusal in refused:
+        assert refusal["status"] == 503, refusal
+        assert json.loads(str(refusal["body"]))["error"]["code"] == "overloaded"
+        assert int(str(refusal["retry_after"])) >= 1
+    assert max(float(str(r["answered"])) for r in refused) < 1.0, "refused at once, not after queueing"
+    assert admitted and all(float(str(r["ttft"])) <= 2 * TTFT for r in admitted), admitted
+    # The cap follows the step times it measures (here they include this process's HTTP clients), and
+    # may drop below a batch admitted earlier; what must never happen is the batch growing past it.
+    pairs = zip(samples, samples[1:], strict=False)
+    grown = [(now, max(cap_before, cap)) for (before, cap_before), (now, cap) in pairs if now > before]
+    assert grown and all(running <= running_cap for running, running_cap in grown), samples
+    metrics = httpx.get(f"{slo_server.url}/metrics").text
+    assert gauge(metrics, "refused_overloaded") == len(refused)
+    assert httpx.get(f"{slo_server.url}/health").status_code == 200, "overload is not a failure"
+
+
+def test_a_request_that_waits_past_its_timeout_answers_504(slo_server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "timeout": 1e-6}
+    response = httpx.post(f"{slo_server.url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 504 and response.json()["error"]["code"] == "timeout"
+    bad = httpx.post(f"{slo_server.url}/v1/chat/completions", json={**body, "timeout": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "timeout"
+    header = httpx.post(
+        f"{slo_server.url}/v1/chat/completions", json={**body, "timeout": None}, headers={"X-Request-Timeout": "nan"}
+    )
+    assert header.status_code == 400 and header.json()["error"]["code"] == "X-Request-Timeout"

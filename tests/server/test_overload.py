@@ -7,6 +7,7 @@ it measured), never from constants: three times what it may run at once, all at 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -81,7 +82,7 @@ def test_past_capacity_refusals_are_quick_503s_and_the_admitted_meet_the_ttft(sl
     assert admitted and all(float(str(r["ttft"])) <= 2 * TTFT for r in admitted), admitted
     # The cap follows the step times it measures (here they include this process's HTTP clients), and
     # may drop below a batch admitted earlier; what must never happen is the batch growing past it.
-    pairs = zip(samples, samples[1:], strict=False)
+    pairs = itertools.pairwise(samples)
     grown = [(now, max(cap_before, cap)) for (before, cap_before), (now, cap) in pairs if now > before]
     assert grown and all(running <= running_cap for running, running_cap in grown), samples
     metrics = httpx.get(f"{slo_server.url}/metrics").text

@@ -28,6 +28,8 @@ class RequestResult:
     chunk_times: list[float] = field(default_factory=list)
     output_tokens: int = 0
     error: str | None = None
+    status: int | None = None  # the HTTP status; None when no answer came
+    answered: float | None = None  # seconds from sending to the status line
 
     @property
     def ok(self) -> bool:
@@ -87,6 +89,11 @@ class LoadReport:
         """Share of the requests that met the SLO."""
         return sum(self.slo.met(r) for r in self.results) / len(self.results)
 
+    @property
+    def refused(self) -> list[RequestResult]:
+        """Turned away at once by an overloaded server (503, as TGI and loraserve's admission answer)."""
+        return [r for r in self.results if r.status == 503]
+
     def percentiles(self, metric: str) -> tuple[float, float, float]:
         """p50, p90, p99 of "ttft", "tpot" or "itl", in seconds."""
         return tuple(percentile(self.samples(metric), q) for q in (50, 90, 99))  # type: ignore[return-value]
@@ -121,6 +128,7 @@ async def _send(client: httpx.AsyncClient, request: Request, start: float) -> Re
     }
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
+            result.status, result.answered = response.status_code, time.perf_counter() - result.sent
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result

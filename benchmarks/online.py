@@ -18,6 +18,7 @@ import math
 import tempfile
 from pathlib import Path
 
+from benchmarks import overload
 from benchmarks.base_model import BaseModel, resolve_base_model
 from benchmarks.load_client import SLO, LoadReport, Request, run_load
 from benchmarks.peers.envs import LORASERVE, SYSTEMS, VLLM, PeerUnavailable
@@ -28,16 +29,18 @@ from benchmarks.servers import RunningServer, ServerFailed, ServerSettings, base
 from benchmarks.workloads import ADAPTER_RULES, arrival_times, assign_adapters, draw_lengths, prompt_token_ids
 
 SECTION = "peers-online"
+SWEEP_RATES = [2.0, 4.0, 8.0, 12.0, 16.0, 20.0, 24.0]  # the knee on a 2-core Zen 4 is near 12/s
 GOODPUT_PLOT = "bench-online-goodput.png"
 LATENCY_PLOT = "bench-online-latency.png"
 
 
 def build_requests(base: BaseModel, server: RunningServer, args: argparse.Namespace, rate: float) -> list[Request]:
     """The same prompts, adapters and lengths at every rate and for every system; only the times scale."""
-    prompts = prompt_token_ids(base.tokenizer, args.prompt_len, args.requests)
-    chosen = assign_adapters(args.rule if args.adapters else "none", args.requests, args.adapters, 0, args.zipf_alpha)
-    lens = draw_lengths(args.output_len, args.requests, seed=1)
-    times = arrival_times(args.requests, rate, args.cv)
+    count = max(args.requests, round(rate * args.duration))
+    prompts = prompt_token_ids(base.tokenizer, args.prompt_len, count)
+    chosen = assign_adapters(args.rule if args.adapters else "none", count, args.adapters, 0, args.zipf_alpha)
+    lens = draw_lengths(args.output_len, count, seed=1)
+    times = arrival_times(count, rate, args.cv)
     models = [server.base_model if k is None else f"adapter-{k}" for k in chosen]
     return [Request(*fields) for fields in zip(times, prompts, models, lens, strict=True)]
 
@@ -153,7 +156,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--zipf-alpha", type=float, default=1.0)
     parser.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0], help="requests/s")
     parser.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of the gaps (1: Poisson)")
-    parser.add_argument("--requests", type=int, default=48, help="per rate")
+    parser.add_argument("--requests", type=int, default=48, help="per rate (at least)")
+    parser.add_argument("--duration", type=float, default=0.0, help="seconds of arrivals per rate (more requests)")
+    parser.add_argument(
+        "--sweep", action="store_true",
+        help="past capacity: loraserve with and without --ttft-slo/--tpot-slo, and vLLM, at rates up to twice the "
+        "knee (defaults: 4 adapters, 15 s a rate, rates 2-24/s); writes the section 'overload'",
+    )  # fmt: skip
     parser.add_argument("--prompt-len", default="chat", help='"chat", N tokens, or uniform:LOW-HIGH')
     parser.add_argument("--output-len", default="64", help="N tokens, or uniform:LOW-HIGH")
     parser.add_argument("--slo-ttft", type=float, default=1.0, help="seconds")
@@ -176,6 +185,13 @@ def main(argv: list[str] | None = None) -> None:
     slo = SLO(args.slo_ttft, args.slo_tpot)
     pythons = dict(value.split("=", 1) for value in args.python)
     base = resolve_base_model(args.model)
+    if args.sweep:
+        defaults = parser.parse_args([])
+        for name, value in (("adapters", 4), ("duration", 15.0), ("rates", SWEEP_RATES), ("rule", "uniform")):
+            if getattr(args, name) == getattr(defaults, name):
+                setattr(args, name, value)
+        overload.main(base, args, slo, pythons, lambda server, label: sweep(base, server, args, slo, label))
+        return
     results: dict[str, list[LoadReport] | str] = {}
     if args.url:
         server = RunningServer(args.url.rstrip("/"), base_model_name(args.url.rstrip("/")))

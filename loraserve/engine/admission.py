@@ -8,9 +8,9 @@ room for the prompt chunks computed in the same steps. A new request's first-tok
 predicted from what is ahead of it: the waiting requests of its priority or better (their
 prompts to compute), and, when the batch is full, the running sequences that must finish to
 make room (their expected remaining tokens, at the current step time). A request predicted
-late is refused at once (OverloadedError: 503 with Retry-After), before any token is
-computed, so admitted streams keep their SLO and the client can go elsewhere.
-Without targets nothing changes. Plain Python.
+past TTFT_HEADROOM of the target is refused at once (OverloadedError: 503 with Retry-After),
+before any token is computed, so admitted streams keep their SLO and the client can go
+elsewhere. Without targets nothing changes. Plain Python.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
 
 TPOT_HEADROOM = 0.8  # share of the TPOT target a decode step may take; the rest is for prompt chunks
+# Share of the TTFT target a predicted first-token delay may take: predictions err both ways, and a
+# request admitted late costs its stream the SLO while one refused early can go elsewhere at once.
+TTFT_HEADROOM = 0.8
 
 
 @dataclass
@@ -68,11 +71,11 @@ class Admission:
         """Refuse `request` (OverloadedError) if it cannot get its first token within the TTFT target."""
         target = self.config.ttft_slo
         delay = self.first_token_delay(request, running, waiting) if target and self.costs.is_ready else 0.0
-        if target is not None and delay > target:
+        if target is not None and delay > TTFT_HEADROOM * target:
             self.num_refused += 1
             raise OverloadedError(
-                f"the server is at capacity: the first token would come in {delay:.1f} s, past the {target:g} s "
-                "target; retry later or elsewhere",
-                retry_after=delay - target,
+                f"the server is at capacity: the first token would come in about {delay:.1f} s, too close to the "
+                f"{target:g} s target; retry later or elsewhere",
+                retry_after=delay - TTFT_HEADROOM * target,
             )
         self.num_admitted += 1

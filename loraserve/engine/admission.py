@@ -52,7 +52,7 @@ class Admission:
         ahead = [seq for seq in waiting if seq.request.priority <= request.priority]
         prompt_tokens = sum(seq.num_uncomputed_tokens for seq in ahead) + len(request.prompt_token_ids)
         cap = self.running_cap
-        step = self.costs.decode_seconds(min(len(running) + 1, cap))
+        step = self.costs.step_seconds(min(len(running) + 1, cap))
         slots_needed = len(ahead) + 1 - (cap - len(running))
         wait = 0.0
         if slots_needed > 0:

@@ -12,11 +12,12 @@ from loraserve.errors import OverloadedError
 from tests.engine.test_scheduler import add, make_scheduler, step, tokenizer  # noqa: F401 - fixture
 
 
-def taught(costs: StepCosts, fixed: float = 0.010, per_seq: float = 0.002, per_token: float = 0.0005) -> StepCosts:
-    """Feed the costs the steps of a machine where a step takes fixed + per_seq x seqs + per_token x prompt tokens."""
+def taught(costs: StepCosts, prompts: bool = True) -> StepCosts:
+    """Feed the costs the steps of a machine where a step takes 10 ms + 2 ms a sequence + 0.5 ms a prompt token."""
     for num_seqs in (1, 2, 4, 8, 16, 8, 4):
-        costs.observe(num_seqs, 0, fixed + per_seq * num_seqs)
-    costs.observe(5, 100, fixed + per_seq * 4 + per_token * 100)
+        costs.observe(num_seqs, 0, 0.010 + 0.002 * num_seqs)
+    if prompts:
+        costs.observe(5, 100, 0.010 + 0.002 * 4 + 0.0005 * 100)
     return costs
 
 
@@ -36,10 +37,12 @@ def queue(scheduler, request_id: str, priority: int, deadline: float | None = No
 
 def test_step_costs_fit_the_fixed_and_per_sequence_cost_and_the_prompt_token_cost():
     costs = taught(StepCosts())
-    assert costs.decode_seconds(10) == pytest.approx(0.030, rel=1e-6)
+    assert costs.decode_seconds(10) == pytest.approx(0.030, rel=0.02)
     assert costs.prompt_seconds(200) == pytest.approx(0.1, rel=0.05)
-    assert costs.max_seqs_within(0.050, limit=128) == 20
-    assert costs.max_seqs_within(0.050, limit=8) == 8
+    decode_only = taught(StepCosts(), prompts=False)
+    assert decode_only.max_seqs_within(0.050, limit=128) == 20  # (50 - 10) / 2
+    assert decode_only.max_seqs_within(0.050, limit=8) == 8
+    assert costs.max_seqs_within(0.050, limit=128) < 20, "the prompts that ride along in the steps count too"
 
 
 def test_step_costs_assume_a_per_sequence_cost_until_batch_sizes_vary():
@@ -60,7 +63,7 @@ def test_without_targets_every_request_is_admitted(tokenizer):  # noqa: F811
 
 def test_the_batch_stays_within_the_tpot_cap_and_late_requests_are_refused(tokenizer):  # noqa: F811
     scheduler = make_scheduler(tokenizer, num_blocks=512, ttft_slo=0.5, tpot_slo=0.025)
-    taught(scheduler.costs)
+    taught(scheduler.costs, prompts=False)
     cap = scheduler.admission.running_cap
     assert cap == 5  # (0.8 x 25 ms - 10 ms) / 2 ms
     admitted, refusals = [], []

@@ -24,7 +24,7 @@ from benchmarks.load_client import SLO, LoadReport, Request, run_load
 from benchmarks.peers.envs import LORASERVE, SYSTEMS, VLLM, PeerUnavailable
 from benchmarks.plots import goodput_vs_rate, latency_cdfs
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from benchmarks.report import add_report_flags, machine_description, not_run_row, reproduce_command, write_section
 from benchmarks.servers import RunningServer, ServerFailed, ServerSettings, base_model_name, serve
 from benchmarks.workloads import ADAPTER_RULES, arrival_times, assign_adapters, draw_lengths, prompt_token_ids
 
@@ -121,7 +121,7 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
     ]
     for label, reports in results.items():
         if isinstance(reports, str):
-            lines.append(f"| {label} | not run: {reports} |" + " |" * 7)
+            lines.append(not_run_row(label, reports, num_columns=9))
             continue
         for r in reports:
             lines.append(

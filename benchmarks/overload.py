@@ -20,7 +20,7 @@ from benchmarks.load_client import SLO, LoadReport, percentile
 from benchmarks.peers.envs import LORASERVE, VLLM, PeerUnavailable, System
 from benchmarks.plots import goodput_vs_rate
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import machine_description, write_section
+from benchmarks.report import machine_description, not_run_row, write_section
 from benchmarks.servers import RunningServer, ServerFailed, ServerSettings, serve
 
 Measure = Callable[[RunningServer, str], list[LoadReport]]  # a rate sweep against one server, labelled
@@ -74,7 +74,7 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
     ]
     for label, reports in results.items():
         if isinstance(reports, str):
-            lines.append(f"| {label} | not run: {reports} |" + " |" * 7)
+            lines.append(not_run_row(label, reports, num_columns=9))
             continue
         for r in reports:
             ttft, tpot = r.percentiles("ttft"), r.percentiles("tpot")

@@ -79,3 +79,8 @@ def reproduce_command(module: str) -> str:
 def median_spread(values: Sequence[float]) -> str:
     """'median (min-max)', whole numbers: how results are reported when repeats vary."""
     return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+
+
+def not_run_row(label: str, reason: str, num_columns: int) -> str:
+    """A table row saying why a system has no figures, padded to the table's columns."""
+    return f"| {label} | not run: {reason} |" + " |" * (num_columns - 2)

@@ -10,13 +10,16 @@ prompts to compute), and, when the batch is full, the running sequences that mus
 make room (their expected remaining tokens, at the current step time). A request predicted
 past TTFT_HEADROOM of the target is refused at once (OverloadedError: 503 with Retry-After),
 before any token is computed, so admitted streams keep their SLO and the client can go
-elsewhere. Without targets nothing changes. Plain Python.
+elsewhere. Predictions err (a cold start, a burst of long prompts): every step the waiting
+requests are predicted again, and one whose first token would now come past the target is
+refused then (`late_requests`), still before any token, rather than served out of its SLO.
+Without targets nothing changes. Plain Python.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from loraserve.config import SchedulerConfig
@@ -38,6 +41,7 @@ class Admission:
     costs: StepCosts
     num_admitted: int = 0
     num_refused: int = 0
+    num_refused_late: int = 0  # of those admitted, refused before their first step (`late_requests`)
 
     @property
     def running_cap(self) -> int:
@@ -79,3 +83,19 @@ class Admission:
                 retry_after=delay - TTFT_HEADROOM * target,
             )
         self.num_admitted += 1
+
+    def late_requests(self, now: float, running: list[Sequence], waiting: Iterable[Sequence]) -> Iterator[Request]:
+        """The waiting requests not started yet whose first token is now predicted past their TTFT target,
+        in queue order: the steps went slower than foreseen when they were let in. Each is counted refused."""
+        target = self.config.ttft_slo
+        if target is None or not self.costs.is_ready:
+            return
+        ahead: list[Sequence] = []
+        for seq in waiting:
+            request = seq.request
+            started = request.first_scheduled_time is not None
+            if not started and now + self.first_token_delay(request, running, ahead) > request.arrival_time + target:
+                self.num_refused_late += 1
+                yield request
+                continue
+            ahead.append(seq)

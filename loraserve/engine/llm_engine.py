@@ -207,7 +207,8 @@ class LLMEngine:
             failed_requests=self.num_failed_requests,
             running_cap=self.scheduler.admission.running_cap,
             admitted_requests=self.scheduler.admission.num_admitted,
-            refused_overloaded=self.scheduler.admission.num_refused,
+            refused_overloaded=self.scheduler.admission.num_refused + self.scheduler.admission.num_refused_late,
+            refused_late=self.scheduler.admission.num_refused_late,
             dropped_timed_out=self.scheduler.num_timed_out,
             predicted_queue_seconds=self.scheduler.predicted_queue_seconds(),
         )

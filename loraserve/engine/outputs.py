@@ -17,14 +17,16 @@ class TokenLogprob:
 ADAPTER_UNAVAILABLE = "adapter_unavailable"  # its adapter could not be loaded
 STEP_FAILED = "step_failed"  # scheduling or computing it raised; the other requests went on
 TIMED_OUT = "timed_out"  # it waited past its deadline without starting
+OVERLOADED = "overloaded"  # let in, then its first token was foreseen past the TTFT target: refused before any
 
 
 @dataclass(frozen=True)
 class RequestError:
     """Why a request ended with finish_reason "error"."""
 
-    code: str  # ADAPTER_UNAVAILABLE, STEP_FAILED or TIMED_OUT
+    code: str  # ADAPTER_UNAVAILABLE, STEP_FAILED, TIMED_OUT or OVERLOADED
     message: str
+    retry_after: float | None = None  # OVERLOADED: seconds until the queue is predicted to drain
 
 
 @dataclass

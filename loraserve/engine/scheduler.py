@@ -29,7 +29,7 @@ from loraserve.config import SchedulerConfig
 from loraserve.engine.admission import Admission
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
-from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, STEP_FAILED, TIMED_OUT, RequestError
+from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, OVERLOADED, STEP_FAILED, TIMED_OUT, RequestError
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
@@ -116,6 +116,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         self._drop_expired()
+        self._refuse_late()
         budget = self.config.max_num_batched_tokens
         max_running = self.admission.running_cap
         chosen: list[tuple[Sequence, int]] = []
@@ -217,6 +218,20 @@ class Scheduler:
                 waited = now - request.arrival_time
                 self._failing[request] = RequestError(TIMED_OUT, f"dropped unserved after waiting {waited:.1f} s")
                 self.num_timed_out += 1
+
+    def _refuse_late(self) -> None:
+        """Requests whose first token can no longer come within the TTFT target end (after the step) with
+        OVERLOADED, before any token: a client told at once can go elsewhere; one served late is lost anyway."""
+        now = self.clock()
+        pending = [seq for seq in self.waiting if seq.request not in self._failing]
+        for request in list(self.admission.late_requests(now, self.running, pending)):
+            retry_after = self.predicted_queue_seconds()
+            self._failing[request] = RequestError(
+                OVERLOADED,
+                f"the server is at capacity: waited {now - request.arrival_time:.1f} s and its first token would "
+                f"come past the {self.config.ttft_slo:g} s target; retry later or elsewhere",
+                retry_after,
+            )
 
     def _fail_after_step(self, seq: Sequence, error: Exception) -> None:
         """One request's bad state must not stop the others' steps: it ends after this one (`take_failed`)."""

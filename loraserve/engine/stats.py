@@ -42,6 +42,7 @@ class EngineStats:
     running_cap: int  # the most sequences run at once (--max-num-seqs, or fewer for the TPOT target)
     admitted_requests: int  # requests queued since start
     refused_overloaded: int  # requests refused since start: they would have missed the TTFT target
+    refused_late: int  # of those, refused after queueing (before their first step): the wait grew past it
     dropped_timed_out: int  # requests dropped since start: they waited past their timeout
     predicted_queue_seconds: float  # a new request's predicted wait for its first step
 

@@ -10,9 +10,15 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from loraserve.engine import RequestOutput, SamplingParams
-from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, TIMED_OUT
+from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, OVERLOADED, TIMED_OUT
 from loraserve.engine.sampling_params import INT64_MAX, INT64_MIN
-from loraserve.errors import AdapterUnavailableError, InvalidRequestError, RequestFailedError, RequestTimeoutError
+from loraserve.errors import (
+    AdapterUnavailableError,
+    InvalidRequestError,
+    OverloadedError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 from loraserve.registry import AdapterInfo
 from loraserve.server.state import ServerState, server_state
 
@@ -83,6 +89,8 @@ async def generate(
                 if output.error.code == ADAPTER_UNAVAILABLE and adapter is not None:
                     await state.catalog.mark_failed(adapter, output.error.message)
                     raise AdapterUnavailableError(f"adapter {adapter!r} cannot be loaded: {output.error.message}")
+                if output.error.code == OVERLOADED:
+                    raise OverloadedError(output.error.message, retry_after=output.error.retry_after or 1.0)
                 if output.error.code == TIMED_OUT:
                     raise RequestTimeoutError(f"the request timed out: {output.error.message}")
                 raise RequestFailedError(f"the request failed: {output.error.message}")

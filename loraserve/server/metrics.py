@@ -65,6 +65,7 @@ class Metrics:
                 ("running_cap", "The most sequences run at once (--max-num-seqs, or fewer for the TPOT target)"),
                 ("admitted_requests", "Requests queued since start"),
                 ("refused_overloaded", "Requests refused since start: they would have missed the TTFT target"),
+                ("refused_late", "Of those, refused after queueing, before their first step: the wait grew past it"),
                 ("dropped_timed_out", "Requests dropped since start: they waited past their timeout"),
                 ("predicted_queue_seconds", "A new request's predicted wait for its first step"),
             )
@@ -107,6 +108,7 @@ class Metrics:
             "running_cap": stats.running_cap,
             "admitted_requests": stats.admitted_requests,
             "refused_overloaded": stats.refused_overloaded,
+            "refused_late": stats.refused_late,
             "dropped_timed_out": stats.dropped_timed_out,
             "predicted_queue_seconds": stats.predicted_queue_seconds,
         }

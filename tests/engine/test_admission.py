@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loraserve.engine.outputs import TIMED_OUT
+from loraserve.engine.outputs import OVERLOADED, TIMED_OUT
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
@@ -63,6 +63,7 @@ def test_without_targets_every_request_is_admitted(tokenizer):  # noqa: F811
 
 def test_the_batch_stays_within_the_tpot_cap_and_late_requests_are_refused(tokenizer):  # noqa: F811
     scheduler = make_scheduler(tokenizer, num_blocks=512, ttft_slo=0.5, tpot_slo=0.025)
+    scheduler.clock = lambda: 0.0  # the steps take no time: only the predictions refuse
     taught(scheduler.costs, prompts=False)
     cap = scheduler.admission.running_cap
     assert cap == 5  # (0.8 x 25 ms - 10 ms) / 2 ms
@@ -94,3 +95,22 @@ def test_priority_orders_the_queue_and_a_deadline_drops_a_request_that_never_sta
     assert failed is late and late.error is not None and late.error.code == TIMED_OUT
     assert late.seqs[0].status is SequenceStatus.FINISHED and scheduler.num_timed_out == 1
     assert running.seqs[0].status is SequenceStatus.RUNNING, "a running request is never dropped"
+
+
+def test_a_queued_request_whose_wait_grows_past_the_ttft_target_is_refused_before_its_first_step(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=1, ttft_slo=1.0)
+    now = [0.0]
+    scheduler.clock = lambda: now[0]
+    taught(scheduler.costs)
+    running = add(scheduler, "running", prompt_len=4, max_tokens=8)
+    step(scheduler)
+    queued = queue(scheduler, "queued", priority=0)  # predicted to start in time when it came
+    assert scheduler.admission.num_refused == 0
+    now[0] = 0.99  # the running request's steps went far slower than foreseen
+    step(scheduler)
+    (refused,) = scheduler.take_failed()
+    assert refused is queued and queued.error is not None and queued.error.code == OVERLOADED
+    assert queued.error.retry_after is not None and queued.error.retry_after > 0
+    assert queued.first_scheduled_time is None, "refused before any token was computed for it"
+    assert scheduler.admission.num_refused_late == 1
+    assert running.seqs[0].status is SequenceStatus.RUNNING, "a started request is never refused"

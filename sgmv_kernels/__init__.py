@@ -1,7 +1,9 @@
 """Punica-style multi-LoRA kernels: one launch applies LoRA to a batch whose rows use different adapters.
 
 `lora_shrink` / `lora_expand` read adapter rows where the pool keeps them: Triton kernels
-on CUDA (what the engine runs there), torch paths on the CPU. `segments` selects the SGMV
+on CUDA (what the engine runs there), torch paths on the CPU. On CUDA a decode step's
+projections that share an input (q/k/v, gate/up) go through one shrink and one expand launch
+(`bgmv_shrink_group` / `bgmv_expand_group`). `segments` selects the SGMV
 form (rows grouped by adapter, prefill); `row_slots` the BGMV form (decode). Adapter weights
 are rows in one flat pool, found through per-slot row tables (layout.py). The engine's CPU
 path is the compiled kernel of native.py (one call per group of projections that share an
@@ -15,15 +17,29 @@ from __future__ import annotations
 import torch
 
 from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
-from sgmv_kernels.expand import bgmv_expand, bgmv_expand_reference, sgmv_expand, sgmv_expand_reference
+from sgmv_kernels.expand import (
+    bgmv_expand,
+    bgmv_expand_group,
+    bgmv_expand_reference,
+    sgmv_expand,
+    sgmv_expand_reference,
+)
 from sgmv_kernels.layout import PooledLora, gather_rows, pool_from_dense
-from sgmv_kernels.shrink import bgmv_shrink, bgmv_shrink_reference, sgmv_shrink, sgmv_shrink_reference
+from sgmv_kernels.shrink import (
+    bgmv_shrink,
+    bgmv_shrink_group,
+    bgmv_shrink_reference,
+    sgmv_shrink,
+    sgmv_shrink_reference,
+)
 
 __all__ = [
     "PooledLora",
     "bgmv_expand",
+    "bgmv_expand_group",
     "bgmv_expand_reference",
     "bgmv_shrink",
+    "bgmv_shrink_group",
     "bgmv_shrink_reference",
     "gather_rows",
     "lora_expand",

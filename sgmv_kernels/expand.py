@@ -99,12 +99,24 @@ def _sgmv_expand_kernel(
 @triton.jit
 def _bgmv_expand_kernel(
     y_ptr, pool_ptr, b_rows_ptr, out_ptr, ranks_ptr, scales_ptr, slots_ptr,
-    out_features, stride_y, stride_rows, stride_out,
+    out_features, start_1, start_2, stride_y, stride_rows, stride_out,
+    stride_proj_y, stride_proj_rows, stride_proj_ranks,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # grid: (num_rows, cdiv(H_out, BLOCK_N)); one row, so a reduction instead of a dot
+    # grid: (num_rows, cdiv(H_out, BLOCK_N)); one row, so a reduction instead of a dot. Up to three
+    # projections side by side in out (q/k/v, gate/up), starting at columns 0, start_1, start_2:
+    # a column block lies in one of them.
     row = tl.program_id(0)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_start = tl.program_id(1) * BLOCK_N
+    projection = (n_start >= start_1).to(tl.int32) + (n_start >= start_2).to(tl.int32)
+    first = tl.where(projection == 0, 0, tl.where(projection == 1, start_1, start_2))
+    end = tl.where(projection == 0, start_1, tl.where(projection == 1, start_2, out_features))
+    y_ptr += projection * stride_proj_y
+    b_rows_ptr += projection * stride_proj_rows
+    ranks_ptr += projection * stride_proj_ranks
+    scales_ptr += projection * stride_proj_ranks
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    columns = offs_n - first  # of this projection's B^T rows
     slot = tl.load(slots_ptr + row)
     if slot >= 0:
         rank = tl.load(ranks_ptr + slot)
@@ -116,13 +128,13 @@ def _bgmv_expand_kernel(
             y_row = tl.load(y_ptr + row * stride_y + k, mask=k < rank, other=0.0)
             b_offsets = tl.load(b_rows_ptr + slot * stride_rows + k, mask=k < rank, other=0)
             b_tile = tl.load(
-                pool_ptr + b_offsets[:, None] + offs_n[None, :],
-                mask=(k[:, None] < rank) & (offs_n[None, :] < out_features), other=0.0,
+                pool_ptr + b_offsets[:, None] + columns[None, :],
+                mask=(k[:, None] < rank) & (offs_n[None, :] < end), other=0.0,
             ).to(tl.float32)  # fmt: skip
             acc += tl.sum(b_tile * y_row[:, None], axis=0)
         out_row = out_ptr + row * stride_out + offs_n
-        current = tl.load(out_row, mask=offs_n < out_features, other=0.0)
-        tl.store(out_row, (current.to(tl.float32) + acc * scale).to(current.dtype), mask=offs_n < out_features)
+        current = tl.load(out_row, mask=offs_n < end, other=0.0)
+        tl.store(out_row, (current.to(tl.float32) + acc * scale).to(current.dtype), mask=offs_n < end)
 
 
 def sgmv_expand(
@@ -161,12 +173,39 @@ def bgmv_expand(
     out: torch.Tensor,
 ) -> None:
     check_expand(y, pool, b_rows, ranks, scales, row_slots, None, out)
-    if y.shape[0] == 0:
+    bgmv_expand_group(y.unsqueeze(0), pool, b_rows.unsqueeze(0), ranks.unsqueeze(0), scales.unsqueeze(0), row_slots,
+                      out, [out.shape[1]])  # fmt: skip
+
+
+GROUP_COLUMN_BLOCK = 64  # a fused group's widths are multiples of it: a column block lies in one projection
+
+
+def bgmv_expand_group(
+    y: torch.Tensor,
+    pool: torch.Tensor,
+    b_rows: torch.Tensor,
+    ranks: torch.Tensor,
+    scales: torch.Tensor,
+    row_slots: torch.Tensor,
+    out: torch.Tensor,
+    widths: list[int],
+) -> None:
+    """The expand of up to 3 projections whose outputs lie side by side in out [T, sum(widths)], in one
+    launch: y [P, T, max_rank], b_rows [P, num_slots, max_rank], ranks and scales [P, num_slots]."""
+    starts = [sum(widths[:i]) for i in range(1, len(widths))]
+    if not (len(widths) <= 3 and sum(widths) == out.shape[1] and ranks.stride(0) == scales.stride(0)):
+        raise ValueError("up to 3 projections filling out, ranks and scales laid out alike")
+    if len(widths) > 1 and any(width % GROUP_COLUMN_BLOCK for width in widths):
+        raise ValueError(f"a group's widths must be multiples of {GROUP_COLUMN_BLOCK}, got {widths}")
+    for p, width in enumerate(widths):
+        check_expand(y[p], pool, b_rows[p], ranks[p], scales[p], row_slots, None, out[:, :width])
+    if y.shape[1] == 0:
         return
-    block_n = 64
-    grid = (y.shape[0], triton.cdiv(out.shape[1], block_n))
+    start_1, start_2 = (starts + [out.shape[1]] * 2)[:2]
+    grid = (y.shape[1], triton.cdiv(out.shape[1], GROUP_COLUMN_BLOCK))
     _bgmv_expand_kernel[grid](
         y, pool, b_rows, out, ranks, scales, row_slots,
-        out.shape[1], y.stride(0), b_rows.stride(0), out.stride(0),
-        BLOCK_N=block_n, BLOCK_K=16,
+        out.shape[1], start_1, start_2, y.stride(1), b_rows.stride(1), out.stride(0),
+        y.stride(0), b_rows.stride(0), ranks.stride(0),
+        BLOCK_N=GROUP_COLUMN_BLOCK, BLOCK_K=16,
     )  # fmt: skip

@@ -111,13 +111,19 @@ def _sgmv_shrink_kernel(
 @triton.jit
 def _bgmv_shrink_kernel(
     x_ptr, pool_ptr, a_rows_ptr, y_ptr, ranks_ptr, slots_ptr,
-    hidden, k_per_split, stride_x, stride_rows, stride_y, stride_split,
+    hidden, k_per_split, num_n_blocks, stride_x, stride_rows, stride_y, stride_split,
+    stride_proj_rows, stride_proj_ranks, stride_proj_y,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # grid: (num_rows, cdiv(max_rank, BLOCK_N), split_k); one row, so a reduction instead of a dot
+    # grid: (num_rows, projections * cdiv(max_rank, BLOCK_N), split_k); one row, so a reduction
+    # instead of a dot. Projections that share x (q/k/v, gate/up) go in one launch.
     row = tl.program_id(0)
-    n_start = tl.program_id(1) * BLOCK_N
+    projection = tl.program_id(1) // num_n_blocks
+    n_start = (tl.program_id(1) % num_n_blocks) * BLOCK_N
     split = tl.program_id(2)
+    a_rows_ptr += projection * stride_proj_rows
+    ranks_ptr += projection * stride_proj_ranks
+    y_ptr += projection * stride_proj_y
     slot = tl.load(slots_ptr + row)
     rank = tl.load(ranks_ptr + tl.maximum(slot, 0))
     if slot >= 0 and n_start < rank:
@@ -192,15 +198,27 @@ def bgmv_shrink(
     x: torch.Tensor, pool: torch.Tensor, a_rows: torch.Tensor, ranks: torch.Tensor, row_slots: torch.Tensor
 ) -> torch.Tensor:
     check_shrink(x, pool, a_rows, ranks, row_slots, None)
+    return bgmv_shrink_group(x, pool, a_rows.unsqueeze(0), ranks.unsqueeze(0), row_slots)[0]
+
+
+def bgmv_shrink_group(
+    x: torch.Tensor, pool: torch.Tensor, a_rows: torch.Tensor, ranks: torch.Tensor, row_slots: torch.Tensor
+) -> torch.Tensor:
+    """The shrink of P projections that share x in one launch: a_rows [P, num_slots, max_rank],
+    ranks [P, num_slots] -> y [P, T, max_rank] float32."""
+    for p in range(a_rows.shape[0]):
+        check_shrink(x, pool, a_rows[p], ranks[p], row_slots, None)
+    num_projections, _, max_rank = a_rows.shape
     if x.shape[0] == 0:
-        return empty_shrink_output(x, a_rows)
+        return torch.zeros(num_projections, 0, max_rank, dtype=torch.float32, device=x.device)
     block_n, block_k = 16, 128
-    n_blocks = triton.cdiv(a_rows.shape[1], block_n)
-    splits, k_per_split = _split_k(x.shape[1], x.shape[0] * n_blocks, block_k, x.device)
-    partials = torch.zeros(splits, x.shape[0], a_rows.shape[1], dtype=torch.float32, device=x.device)
-    _bgmv_shrink_kernel[(x.shape[0], n_blocks, splits)](
+    n_blocks = triton.cdiv(max_rank, block_n)
+    splits, k_per_split = _split_k(x.shape[1], x.shape[0] * num_projections * n_blocks, block_k, x.device)
+    partials = torch.zeros(splits, num_projections, x.shape[0], max_rank, dtype=torch.float32, device=x.device)
+    _bgmv_shrink_kernel[(x.shape[0], num_projections * n_blocks, splits)](
         x, pool, a_rows, partials, ranks, row_slots,
-        x.shape[1], k_per_split, x.stride(0), a_rows.stride(0), partials.stride(1), partials.stride(0),
+        x.shape[1], k_per_split, n_blocks, x.stride(0), a_rows.stride(1), partials.stride(2), partials.stride(0),
+        a_rows.stride(0), ranks.stride(0), partials.stride(1),
         BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
     return _sum_partials(partials)

@@ -8,8 +8,9 @@ import torch
 
 from loraserve.lora.slots import AdapterSlots
 from loraserve.lora.stacked import StackedLora
-from sgmv_kernels import PooledLora, lora_expand, lora_shrink
+from sgmv_kernels import PooledLora, bgmv_expand_group, bgmv_shrink_group, lora_expand, lora_shrink
 from sgmv_kernels.cpu import RowGroups, grouped_lora
+from sgmv_kernels.expand import GROUP_COLUMN_BLOCK
 from sgmv_kernels.native import LoraKernel, RowChunks
 
 NO_ADAPTER = -1
@@ -74,6 +75,13 @@ class LoraBatch:
         if self.native is not None:
             kernel, rows = self.native
             kernel.add(x, self.slots.projection_group(layer, projections), rows, out)
+            return
+        widths = [self.slots.shapes[projection][1] for projection in projections]
+        if self.row_slots is not None and x.is_cuda and all(width % GROUP_COLUMN_BLOCK == 0 for width in widths):
+            # Decode on CUDA: one shrink and one expand launch for the projections that share x.
+            group = self.slots.projection_group(layer, projections)
+            y = bgmv_shrink_group(x, group.pool, group.a_rows, group.ranks, self.row_slots)
+            bgmv_expand_group(y, group.pool, group.b_rows, group.ranks, group.scales, self.row_slots, out, widths)
             return
         layer_lora = self.slots.layers[layer]
         if self.grouped is not None:

@@ -8,8 +8,10 @@ import torch
 from sgmv_kernels import (
     PooledLora,
     bgmv_expand,
+    bgmv_expand_group,
     bgmv_expand_reference,
     bgmv_shrink,
+    bgmv_shrink_group,
     bgmv_shrink_reference,
     gather_rows,
     lora_expand,
@@ -92,6 +94,38 @@ def test_bgmv_with_interleaved_adapters_equals_the_reference(in_features, out_fe
     bgmv_expand(y_ref, w.pool, w.b_rows, w.ranks, w.scales, row_slots, out)
     bgmv_expand_reference(y_ref, w.pool, w.b_rows, w.ranks, w.scales, row_slots, out_ref)
     torch.testing.assert_close(out, out_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def group_of(pooled: list[PooledLora]) -> tuple[torch.Tensor, ...]:
+    """Projections' weights in one pool and [P, slots, rank] tables, as lora/slots.py keeps a layer's."""
+    offsets = torch.tensor([0, *[w.pool.numel() for w in pooled]]).cumsum(0).tolist()
+    pool = torch.cat([w.pool for w in pooled])
+    a_rows = torch.stack([w.a_rows + offset for w, offset in zip(pooled, offsets, strict=False)])
+    b_rows = torch.stack([w.b_rows + offset for w, offset in zip(pooled, offsets, strict=False)])
+    return pool, a_rows, b_rows, torch.stack([w.ranks for w in pooled]), torch.stack([w.scales for w in pooled])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("widths", [[576, 192, 192], [1536, 1536], [576]], ids=["qkv", "gate-up", "one"])
+def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths):
+    gen = torch.Generator().manual_seed(sum(widths))
+    pooled = [make_pool(6, 576, width, dtype, gen)[0] for width in widths]
+    pool, a_rows, b_rows, ranks, scales = group_of(pooled)
+    row_slots = torch.tensor([0, 3, 0, -1, 5, 3, 1, 2], dtype=torch.int32)
+    x = torch.randn(len(row_slots), 576, generator=gen).to(dtype)
+    y = bgmv_shrink_group(x, pool, a_rows, ranks, row_slots)
+    tolerance = {"atol": TOLERANCE[dtype], "rtol": TOLERANCE[dtype]}
+    for p, w in enumerate(pooled):
+        torch.testing.assert_close(y[p], bgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, row_slots), **tolerance)
+    out = torch.randn(len(row_slots), sum(widths), generator=gen).to(dtype)
+    expected = out.clone()
+    bgmv_expand_group(y, pool, b_rows, ranks, scales, row_slots, out, widths)
+    column = 0
+    for p, (w, width) in enumerate(zip(pooled, widths, strict=True)):
+        part = expected[:, column : column + width]
+        bgmv_expand_reference(y[p], w.pool, w.b_rows, w.ranks, w.scales, row_slots, part)
+        column += width
+    torch.testing.assert_close(out, expected, **tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -1,4 +1,4 @@
-"""Attention over the paged KV cache, in torch (the CPU path; CUDA uses the same code today).
+"""Attention over the paged KV cache, in torch, with a kernel for one-token rows where there is one.
 
 The KV cache of one layer is two tensors `[num_blocks, block_size, num_kv_heads, head_dim]`.
 A token at position p of a sequence lives in block `block_table[p // block_size]` at offset
@@ -8,7 +8,8 @@ row attends over its whole context gathered block by block from its block table.
 The rows of a step form at most two groups, each computed as one padded batch: the
 decodes (one query token each) and the prefill chunks (many query tokens each), so a long
 prompt never pads a decode row to its length. Prefill chunks go through SDPA. Decodes on
-the CPU go through a compiled kernel that reads K and V in the cache where they lie
+CUDA go through a Triton kernel over the blocks in place (cuda_attention.py); on the CPU
+through a compiled kernel that reads K and V in the cache where they lie
 (cpu_attention.py), and without a compiler, in bfloat16, through two batched matmuls over
 the gathered blocks (`decode_attention`): on a 2-core AMD EPYC both run several times
 faster than SDPA's bfloat16 kernel (benchmarks/bench_attention.py, docs/benchmarks.md).
@@ -17,11 +18,25 @@ faster than SDPA's bfloat16 kernel (benchmarks/bench_attention.py, docs/benchmar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from loraserve.models.cpu_attention import DecodeAttentionKernel
+
+class DecodeAttention(Protocol):
+    """A kernel for one-token rows reading K and V in the paged cache where they lie: the CPU's
+    compiled one (cpu_attention.py) or the Triton one on CUDA (cuda_attention.py)."""
+
+    def __call__(
+        self,
+        queries: torch.Tensor,  # [B, Hq, D]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # [B, max_blocks]
+        context_lens: torch.Tensor,  # [B]
+        scale: float,
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -44,7 +59,7 @@ class AttentionMetadata:
     slot_blocks: torch.Tensor  # [T] int64 the block each token of the step writes its K and V to
     slot_offsets: torch.Tensor  # [T] int64 and its position in that block
     groups: list[AttentionGroup]
-    decode_kernel: DecodeAttentionKernel | None = None  # the CPU's compiled path for one-token rows
+    decode_kernel: DecodeAttention | None = None  # for one-token rows; None: the torch paths below
 
 
 def store_kv(

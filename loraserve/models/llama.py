@@ -15,11 +15,35 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from loraserve.models.attention import AttentionMetadata, paged_attention, store_kv
-from loraserve.models.cpu_layer_ops import LayerOpsKernel
 from loraserve.models.linear import Linear, can_pack, empty_param
 from loraserve.models.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D] each
+
+
+class LayerOps(Protocol):
+    """Per-layer ops fused into one pass each: the CPU's compiled ones (cpu_layer_ops.py) or CUDA's
+    Triton ones (cuda_layer_ops.py); each computes what the torch ops below compute."""
+
+    def supports(self, dtype: torch.dtype) -> bool: ...
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+    def rotary_store_kv(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        num_heads: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_blocks: torch.Tensor,
+        slot_offsets: torch.Tensor,
+    ) -> None: ...
 
 
 class LoraDelta(Protocol):
@@ -74,7 +98,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = empty_param(size, dtype=dtype, device=device)
         self.eps = eps
-        self.layer_ops: LayerOpsKernel | None = None  # the compiled CPU path, set by use_layer_ops
+        self.layer_ops: LayerOps | None = None  # fused ops, set by use_layer_ops
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual); without a residual (norm(x), x)."""
@@ -99,7 +123,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, spec.hidden_size, False, dtype, device)
         self.scale = spec.head_dim**-0.5
-        self.layer_ops: LayerOpsKernel | None = None
+        self.layer_ops: LayerOps | None = None
 
     def forward(
         self,
@@ -140,7 +164,7 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = spec.intermediate_size
         self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, False, dtype, device)
         self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, False, dtype, device)
-        self.layer_ops: LayerOpsKernel | None = None
+        self.layer_ops: LayerOps | None = None
 
     def forward(self, x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
@@ -216,8 +240,8 @@ class LlamaForCausalLM(nn.Module):
         """hidden: [S, hidden] -> logits [S, vocab] float32."""
         return self.lm_head(hidden).float()
 
-    def use_layer_ops(self, layer_ops: LayerOpsKernel | None) -> None:
-        """Run norms, rotary + K/V writes and SiLU through the compiled CPU ops; None: torch ops."""
+    def use_layer_ops(self, layer_ops: LayerOps | None) -> None:
+        """Run norms, rotary + K/V writes and SiLU through fused ops; None: torch ops."""
         for module in self.modules():
             if isinstance(module, RMSNorm | LlamaAttention | LlamaMLP):
                 module.layer_ops = layer_ops

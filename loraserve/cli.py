@@ -27,6 +27,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=env("LORASERVE_MODEL"), help="HF safetensors directory (default: embedded)")
     parser.add_argument("--dtype", default=env("LORASERVE_DTYPE", "auto"), help="auto | float32 | bfloat16")
     parser.add_argument("--device", default=env("LORASERVE_DEVICE", "cpu"), help="cpu | cuda")
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="CUDA: run decode steps eagerly, without CUDA graphs"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=128, help="sequences decoding together")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (chunked prefill)")
     parser.add_argument("--max-n", type=int, default=SchedulerConfig.max_n, help="completions one request may ask for")
@@ -65,7 +68,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     preset = SLO_PRESETS[args.slo] if args.slo else (None, None)
     return EngineConfig(
-        model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device),
+        model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager),
         cache=CacheConfig(
             pool_memory=args.pool_memory,
             pool_memory_fraction=args.pool_memory_fraction,

@@ -32,6 +32,10 @@ class ModelConfig:
     dtype: str = "auto"  # auto = bfloat16 where the hardware has it natively, else float32
     device: str = "cpu"
     cache_dir: Path = field(default_factory=default_cache_dir)
+    # Benchmarks of shapes whose weights cannot be had (Llama-3-8B on a lent GPU): seeded random
+    # weights made on the device; the directory needs only config.json and a tokenizer.
+    random_weights: bool = False
+    enforce_eager: bool = False  # CUDA: run decode steps eagerly, without CUDA graphs (engine/cuda_graphs.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -38,10 +38,15 @@ class LLM:
         max_lora_rank: int = 16,
         seed: int = 0,
         cache_dir: str | Path | None = None,
+        enforce_eager: bool = False,
     ) -> None:
         config = EngineConfig(
             model=ModelConfig(
-                model=model, dtype=dtype, device=device, cache_dir=Path(cache_dir) if cache_dir else default_cache_dir()
+                model=model,
+                dtype=dtype,
+                device=device,
+                cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
+                enforce_eager=enforce_eager,
             ),
             cache=CacheConfig(
                 block_size=block_size, pool_memory=pool_memory, num_pages=num_pages, prefix_caching=prefix_caching

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from loraserve.config import EngineConfig
 from loraserve.engine.batch import ScheduledBatch
 from loraserve.engine.block_manager import BlockManager
-from loraserve.engine.model_runner import ModelRunner
+from loraserve.engine.model_runner import GraphSettings, ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
 from loraserve.engine.page_allocator import PageUse
 from loraserve.engine.sampling_params import SamplingParams
@@ -40,8 +40,10 @@ class LLMEngine:
         self.loaded = loaded or load_model(config.model)
         model_window = self.loaded.model.spec.max_positions
         self.max_model_len = min(config.scheduler.max_model_len or model_window, model_window)
+        max_num_seqs = config.scheduler.max_num_seqs
+        graphs = None if config.model.enforce_eager else GraphSettings(max_num_seqs, self.max_model_len)
         self.model_runner = ModelRunner(
-            self.loaded, config.cache, config.lora, seed=config.seed, cache_dir=config.model.cache_dir
+            self.loaded, config.cache, config.lora, seed=config.seed, cache_dir=config.model.cache_dir, graphs=graphs
         )
         self.block_manager = BlockManager(
             self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching

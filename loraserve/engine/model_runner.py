@@ -17,15 +17,20 @@ import torch
 from loraserve.config import CacheConfig, LoraConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy
+from loraserve.engine.cuda_graphs import DecodeGraphs, DecodeRows
 from loraserve.engine.faults import FaultInjector
+from loraserve.engine.page_allocator import PageUse
 from loraserve.engine.sampler import Sampler
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch
 from loraserve.lora.memory_pool import MemoryPool, pool_pages
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models import LoadedModel
-from loraserve.models.attention import AttentionGroup, AttentionMetadata
+from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
 from loraserve.models.cpu_attention import load_decode_kernel
 from loraserve.models.cpu_layer_ops import load_layer_ops
+from loraserve.models.cuda_attention import paged_decode_attention
+from loraserve.models.cuda_layer_ops import CudaLayerOps
+from loraserve.models.llama import LayerOps
 from sgmv_kernels.native import load_kernel
 
 
@@ -40,11 +45,25 @@ class ModelInputs:
     lora: LoraBatch | None  # None: no row uses an adapter this step
 
 
+@dataclass(frozen=True)
+class GraphSettings:
+    """What sizes the decode CUDA graphs: the largest batch and the longest sequence."""
+
+    max_num_seqs: int
+    max_model_len: int
+
+
 class ModelRunner:
     """Owns the model, the memory pool (KV blocks and adapter weights), the adapter slots and the sampler."""
 
     def __init__(
-        self, loaded: LoadedModel, cache_config: CacheConfig, lora_config: LoraConfig, seed: int, cache_dir: Path
+        self,
+        loaded: LoadedModel,
+        cache_config: CacheConfig,
+        lora_config: LoraConfig,
+        seed: int,
+        cache_dir: Path,
+        graphs: GraphSettings | None = None,
     ) -> None:
         self.model = loaded.model
         self.device = loaded.device
@@ -58,10 +77,27 @@ class ModelRunner:
         self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
         on_cpu = self.device == "cpu"
         self.cpu_lora_kernel = load_kernel(cache_dir / "kernels") if on_cpu else None
-        decode_kernel = load_decode_kernel(cache_dir / "kernels") if on_cpu else None
-        self.decode_kernel = decode_kernel if decode_kernel and decode_kernel.supports(self.dtype) else None
-        layer_ops = load_layer_ops(cache_dir / "kernels") if on_cpu else None
+        self.decode_kernel: DecodeAttention | None = paged_decode_attention
+        if on_cpu:
+            cpu_kernel = load_decode_kernel(cache_dir / "kernels")
+            self.decode_kernel = cpu_kernel if cpu_kernel and cpu_kernel.supports(self.dtype) else None
+        layer_ops: LayerOps | None = load_layer_ops(cache_dir / "kernels") if on_cpu else CudaLayerOps()
         self.model.use_layer_ops(layer_ops if layer_ops and layer_ops.supports(self.dtype) else None)
+        self.decode_graphs: DecodeGraphs | None = None
+        if self.device == "cuda" and graphs is not None and self.decode_kernel is not None:
+            self.decode_graphs = self._capture_graphs(graphs)
+
+    def _capture_graphs(self, graphs: GraphSettings) -> DecodeGraphs:
+        scratch = self.pool.pages.take(1, PageUse.KV)  # where padding rows write; no sequence owns it
+        assert scratch is not None and self.decode_kernel is not None
+        decode_graphs = DecodeGraphs(
+            self.model, self.pool.kv_caches, self.adapter_slots, self.decode_kernel,
+            max_rows=graphs.max_num_seqs, max_blocks=-(-graphs.max_model_len // self.block_size),
+            scratch_block=scratch[0],
+        )  # fmt: skip
+        with torch.inference_mode():
+            decode_graphs.capture()
+        return decode_graphs
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
@@ -73,11 +109,39 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         """Forward and sample the batch; its block copies must be done (`copy_blocks`)."""
-        inputs = self.prepare_inputs(batch)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_caches, inputs.lora)
+        replayed, order = None, batch.decodes
+        if self.decode_graphs is not None and not batch.prefills:
+            # Rows of one adapter side by side: the LoRA kernels' programs that read its weights
+            # then run together, and all but the first find them in L2.
+            order = sorted(batch.decodes, key=lambda item: self._slot_of(item.seq.request.adapter))
+            replayed = self.decode_graphs.run(self.decode_rows(order))
+        if replayed is not None:
+            hidden = replayed
+            row_of = {id(item): row for row, item in enumerate(order)}
+            samplers = [row_of[id(item)] for item in batch.decodes for _ in item.samplers]
+            logits_index = torch.tensor(samplers, dtype=torch.long, device=self.device)
+        else:
+            inputs = self.prepare_inputs(batch)
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_caches, inputs.lora)
+            logits_index = inputs.logits_index
         self.faults.check(batch)
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_index))  # [S, vocab]
+        logits = self.model.compute_logits(hidden.index_select(0, logits_index))  # [S, vocab]
         return self.sampler(logits, batch.sampling_seqs)
+
+    def decode_rows(self, decodes: list[ScheduledSequence]) -> DecodeRows:
+        """A decode-only batch row by row, for a CUDA graph's static buffers."""
+        bs = self.block_size
+        rows = DecodeRows([], [], [], [], [], [], [])
+        for item in decodes:
+            seq, position = item.seq, item.start
+            rows.input_ids.append(seq.token_ids[position])
+            rows.positions.append(position)
+            rows.slot_blocks.append(seq.block_table[position // bs])
+            rows.slot_offsets.append(position % bs)
+            rows.block_tables.append(seq.block_table)
+            rows.context_lens.append(position + 1)
+            rows.lora_slots.append(self._slot_of(seq.request.adapter))
+        return rows
 
     @staticmethod
     def is_unrecoverable(error: Exception) -> bool:

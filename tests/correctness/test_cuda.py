@@ -80,3 +80,24 @@ def test_mixed_adapter_batch_equals_peft_on_cuda(cuda_llm, cuda_model_dir, tmp_p
     outputs = cuda_llm.generate(prompts, params, adapters=names, use_tqdm=False)
     for name, output, tokens in zip(names, outputs, expected, strict=True):
         assert output.outputs[0].token_ids == tokens, f"adapter {name}"
+
+
+def test_decode_graph_replay_equals_the_eager_step_token_for_token(cuda_llm, cuda_model_dir, tmp_path):
+    """Rows over three adapters and the base model, batch sizes crossing buckets as requests finish:
+    the captured graphs (cuda_llm) give the eager engine's greedy tokens."""
+    from benchmarks.random_adapters import write_random_adapters
+
+    eager = LLM(str(cuda_model_dir), device="cuda", dtype="float32", max_loras=4, max_lora_rank=16, enforce_eager=True)
+    assert cuda_llm.engine.model_runner.decode_graphs is not None and eager.engine.model_runner.decode_graphs is None
+    paths = write_random_adapters(cuda_llm.engine.loaded.model.spec, 3, tmp_path, seed=7)
+    for llm in (cuda_llm, eager):
+        for i, path in enumerate(paths):
+            llm.add_adapter(f"graph-{i}", path)
+    prompts = [cuda_llm.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[:11]]
+    adapters = [f"graph-{i % 3}" if i % 4 else None for i in range(len(prompts))]
+    outputs = {}
+    for name, llm in (("graphs", cuda_llm), ("eager", eager)):
+        params = [SamplingParams(temperature=0.0, max_tokens=4 + 2 * i, ignore_eos=True) for i in range(len(prompts))]
+        done = llm.generate(prompts, params, adapters=adapters, use_tqdm=False)
+        outputs[name] = [o.outputs[0].token_ids for o in done]
+    assert outputs["graphs"] == outputs["eager"]

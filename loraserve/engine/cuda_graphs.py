@@ -1,0 +1,192 @@
+"""Decode steps replayed as CUDA graphs, so the GPU does not wait on Python's ~400 launches a step.
+
+A decode-only step of B rows runs the graph captured for the smallest bucket >= B (1, 2, 4,
+then multiples of 8 up to --max-num-seqs), its rows padded. Every tensor a step reads lives
+in static device buffers sized for the largest bucket and updated in place before each
+replay: token ids, positions, the KV slots written, block tables and context lengths, and
+each row's adapter slot. The adapters' own tables (row offsets, ranks, scales in
+lora/slots.py) are static device tensors too, written in place by a load, so adapters come
+and go without a new capture. Padding rows have context 0 (the attention kernel gives
+zeros), no adapter, and write their K and V to a scratch block no sequence owns.
+
+Each bucket is captured twice, with LoRA (the BGMV kernels skip rows of slot -1) and
+without, so a base-model batch pays nothing for LoRA. Prefills, chunks and batches past the
+largest bucket or the static block tables run eagerly. `--enforce-eager` turns graphs off.
+
+Example: 5 decodes -> bucket 8; rows 5-7 get token 0 at position 0, context 0, slot -1,
+and write to the scratch block; the graph's output rows 0-4 are the step's hidden states.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from dataclasses import dataclass
+
+import torch
+
+from loraserve.lora.batch import NO_ADAPTER, LoraBatch
+from loraserve.lora.slots import AdapterSlots
+from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
+from loraserve.models.llama import KVCache, LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+def batch_buckets(max_rows: int) -> list[int]:
+    """1, 2, 4, then every multiple of 8, up to the first bucket >= max_rows."""
+    buckets = [1, 2, 4]
+    while buckets[-1] < max_rows:
+        buckets.append(8 * (len(buckets) - 2))
+    return [b for b in buckets if b < max_rows] + [next(b for b in buckets if b >= max_rows)]
+
+
+@dataclass
+class DecodeRows:
+    """A decode-only step, row by row, as the model runner lays it out (host side)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_blocks: list[int]  # the block each row writes its K and V to
+    slot_offsets: list[int]
+    block_tables: list[list[int]]
+    context_lens: list[int]
+    lora_slots: list[int]  # NO_ADAPTER: the base model
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+class StaticDecodeInputs:
+    """The device buffers every captured graph reads, at the largest bucket's size."""
+
+    def __init__(self, max_rows: int, max_blocks: int, scratch_block: int, device: str) -> None:
+        self.scratch_block = scratch_block
+        self.input_ids = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.slot_blocks = torch.full((max_rows,), scratch_block, dtype=torch.long, device=device)
+        self.slot_offsets = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(max_rows, max_blocks, dtype=torch.long, device=device)
+        self.context_lens = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.lora_slots = torch.full((max_rows,), NO_ADAPTER, dtype=torch.int32, device=device)
+        self.segment_bounds = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        # Staged on the host in one pinned tensor, copied to the device in one transfer.
+        self._columns = 6 + max_blocks
+        self._host = torch.zeros(max_rows, self._columns, dtype=torch.long, pin_memory=device == "cuda")
+        self._device = torch.zeros(max_rows, self._columns, dtype=torch.long, device=device)
+
+    @property
+    def max_blocks(self) -> int:
+        return self.block_tables.shape[1]
+
+    def fill(self, rows: DecodeRows, bucket: int) -> None:
+        """Write `rows` into the first rows of the buffers and padding up to `bucket`."""
+        n = len(rows)
+        host = self._host[:bucket]
+        host.zero_()
+        host[n:, 2] = self.scratch_block
+        host[n:, 5] = NO_ADAPTER
+        columns = (rows.input_ids, rows.positions, rows.slot_blocks, rows.slot_offsets, rows.context_lens)
+        for column, values in enumerate(columns):
+            host[:n, column] = torch.tensor(values, dtype=torch.long)
+        host[:n, 5] = torch.tensor(rows.lora_slots, dtype=torch.long)
+        for row, table in enumerate(rows.block_tables):
+            host[row, 6 : 6 + len(table)] = torch.tensor(table, dtype=torch.long)
+        staged = self._device[:bucket]
+        staged.copy_(host, non_blocking=True)
+        for buffer, column in (
+            (self.input_ids, 0), (self.positions, 1), (self.slot_blocks, 2), (self.slot_offsets, 3),
+            (self.context_lens, 4),
+        ):  # fmt: skip
+            buffer[:bucket].copy_(staged[:, column])
+        self.lora_slots[:bucket].copy_(staged[:, 5])
+        self.block_tables[:bucket].copy_(staged[:, 6:])
+
+
+class DecodeGraphs:
+    """Captures the decode step per bucket at start; `run` replays one, or says None (run eagerly)."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[KVCache],
+        adapter_slots: AdapterSlots,
+        decode_kernel: DecodeAttention,
+        max_rows: int,
+        max_blocks: int,
+        scratch_block: int,
+    ) -> None:
+        self.model, self.kv_caches, self.adapter_slots = model, kv_caches, adapter_slots
+        self.decode_kernel = decode_kernel
+        device = str(model.embed_tokens.device)
+        self.buckets = batch_buckets(max_rows)
+        self.inputs = StaticDecodeInputs(self.buckets[-1], max_blocks, scratch_block, device)
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._memory_pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None  # shared
+        self.memory_bytes = 0
+
+    def capture(self) -> None:
+        """Capture every bucket, largest first (the smaller ones reuse its memory pool)."""
+        free_before = torch.cuda.mem_get_info()[0]
+        for bucket in reversed(self.buckets):
+            for with_lora in (True, False):
+                self._graphs[(bucket, with_lora)] = self._capture_one(bucket, with_lora)
+        torch.cuda.synchronize()
+        self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
+        logger.info(
+            "captured decode CUDA graphs for batch sizes %s (with and without LoRA): %.0f MiB of GPU memory",
+            self.buckets, self.memory_bytes / 2**20,
+        )  # fmt: skip
+
+    def run(self, rows: DecodeRows) -> torch.Tensor | None:
+        """The step's hidden states [len(rows), hidden] (valid until the next replay), or None when
+        the step does not fit a captured graph."""
+        index = bisect_left(self.buckets, len(rows))
+        if index == len(self.buckets) or any(len(table) > self.inputs.max_blocks for table in rows.block_tables):
+            return None
+        bucket = self.buckets[index]
+        with_lora = any(slot != NO_ADAPTER for slot in rows.lora_slots)
+        self.inputs.fill(rows, bucket)
+        captured = self._graphs.get((bucket, with_lora))
+        if captured is None:  # not captured (no CUDA): the same step over the same buffers, eagerly
+            return self.forward(bucket, with_lora)[: len(rows)]
+        graph, output = captured
+        graph.replay()
+        return output[: len(rows)]
+
+    def forward(self, bucket: int, with_lora: bool) -> torch.Tensor:
+        """The decode step over the static buffers' first `bucket` rows: what is captured."""
+        inputs = self.inputs
+        group = AttentionGroup(
+            token_start=0,
+            token_end=bucket,
+            max_query_len=1,
+            block_tables=inputs.block_tables[:bucket],
+            attend_bias=inputs.block_tables.new_empty(0),  # the decode kernel masks by context length
+            padded_index=None,
+            context_lens=inputs.context_lens[:bucket],
+        )
+        metadata = AttentionMetadata(
+            slot_blocks=inputs.slot_blocks[:bucket],
+            slot_offsets=inputs.slot_offsets[:bucket],
+            groups=[group],
+            decode_kernel=self.decode_kernel,
+        )
+        lora = None
+        if with_lora:
+            slots = inputs.lora_slots[:bucket]
+            lora = LoraBatch(self.adapter_slots, inputs.segment_bounds[: bucket + 1], slots, slots, max_segment_len=1)
+        return self.model(inputs.input_ids[:bucket], inputs.positions[:bucket], metadata, self.kv_caches, lora)
+
+    def _capture_one(self, bucket: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Warm up on a side stream first (Triton compiles, cuBLAS picks its kernels), as torch advises.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.forward(bucket, with_lora)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._memory_pool):
+            output = self.forward(bucket, with_lora)
+        return graph, output

@@ -21,15 +21,16 @@ import time
 from collections import defaultdict
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from benchmarks.engines import engine_over
 from benchmarks.kernel_time import kernel_ms
+from benchmarks.random_model import transformers_model
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
     machine_description,
     median_spread,
+    model_config_of,
     reproduce_command,
     write_section,
 )
@@ -85,7 +86,7 @@ def run_transformers(model, tokenizer, prompt_ids: list[list[int]], lens: list[i
 def bench_dtype(model_config: ModelConfig, batch_sizes: list[int], workload: Workload, repeats: int) -> list[Result]:
     loaded = load_model(model_config)
     dtype = model_config.dtype
-    hf_model = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).to(loaded.device).eval()
+    hf_model = transformers_model(loaded.model_dir, loaded.dtype, loaded.device, model_config.random_weights)
     all_ids = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     samples: dict[tuple[int, str], list[float]] = defaultdict(list)
     for batch_size in batch_sizes:
@@ -158,7 +159,8 @@ def _op_group(op: str) -> str:
     return "other torch ops (embedding, copies, elementwise on the torch paths)"
 
 
-def render(results: list[Result], repeats: int, profile: str | None, command: str, device: str) -> str:
+def render(results: list[Result], args: argparse.Namespace, profile: str | None, command: str) -> str:
+    repeats, device = args.repeats, args.device
     by_key = {(r.dtype, r.batch_size, r.system): r.tokens_per_s for r in results}
     lines = [
         f"## Engine vs transformers (no LoRA){', on a GPU' if device == 'cuda' else ''}",
@@ -166,7 +168,8 @@ def render(results: list[Result], repeats: int, profile: str | None, command: st
         f"Command: `{command}`. Machine: {machine_description(device)}.",
         "",
         "Each batch size runs `max(2 x batch, 4)` chat prompts of ~60 tokens with output lengths drawn from "
-        "[32, 128] (seeded), greedy, EOS ignored. transformers runs static batches of that size; loraserve runs "
+        f"[{args.min_output}, {args.max_output}] (seeded), greedy, EOS ignored. transformers runs static batches of "
+        "that size; loraserve runs "
         f"continuous batching with `max_num_seqs` = batch. Useful output tokens per second, median of {repeats} "
         "runs (min-max in brackets), the two systems alternating.",
         "",
@@ -197,17 +200,17 @@ def main() -> None:
     if args.quick:
         args.batch_sizes, args.dtypes, args.repeats, args.min_output, args.max_output = [2], ["float32"], 1, 4, 8
     workload = chat_workload(max(2 * max(args.batch_sizes), 4), args.min_output, args.max_output)
-    configs = {dtype: ModelConfig(model=args.model, dtype=dtype, device=args.device) for dtype in args.dtypes}
+    configs = {dtype: model_config_of(args, dtype) for dtype in args.dtypes}
     results = [r for config in configs.values() for r in bench_dtype(config, args.batch_sizes, workload, args.repeats)]
     if args.quick:
         return
     profile = None
     if args.device == "cpu":  # the profile counts CPU time: on a GPU the ops run asynchronously
-        profile = step_profile(ModelConfig(model=args.model, dtype=args.dtype, device=args.device), 32, workload)
+        profile = step_profile(model_config_of(args), 32, workload)
         print(profile)
     command = reproduce_command("benchmarks.bench_engine")
     section = SECTION if args.device == "cpu" else f"{SECTION}-{args.device}"
-    write_section(args.output, section, render(results, args.repeats, profile, command, args.device))
+    write_section(args.output, section, render(results, args, profile, command))
     print(f"wrote {args.output} ({platform.node()})")
 
 

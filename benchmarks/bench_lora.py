@@ -19,21 +19,21 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from benchmarks.engines import engine_over
 from benchmarks.random_adapters import write_random_adapters
+from benchmarks.random_model import transformers_model
 from benchmarks.report import (
     add_model_flags,
     add_report_flags,
     machine_description,
     median_spread,
+    model_config_of,
     reproduce_command,
     write_section,
 )
 from benchmarks.workloads import chat_workload, left_padded
 from loraserve import LLM, SamplingParams
-from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import dtype_name
@@ -86,13 +86,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.adapters, args.max_tokens, args.repeats = 4, 2, 4, 1
-    loaded = load_model(ModelConfig(model=args.model, dtype=args.dtype, device=args.device))
+    loaded = load_model(model_config_of(args))
     workload = chat_workload(args.requests, args.max_tokens, args.max_tokens)
     prompts = [chat_prompt_ids(loaded.tokenizer, conv) for conv in workload.conversations]
     names = [f"adapter-{i % args.adapters}" for i in range(args.requests)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp))
-        base = AutoModelForCausalLM.from_pretrained(loaded.model_dir, dtype=loaded.dtype).to(loaded.device)
+        base = transformers_model(loaded.model_dir, loaded.dtype, loaded.device, args.random_weights)
         peft_model = PeftModel.from_pretrained(base, paths[0], adapter_name="adapter-0")
         for i, path in enumerate(paths[1:], start=1):
             peft_model.load_adapter(path, adapter_name=f"adapter-{i}")

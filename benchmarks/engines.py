@@ -12,11 +12,16 @@ POOL_BYTES = 1 << 30
 
 
 def engine_over(
-    loaded: LoadedModel, max_num_seqs: int, max_loras: int = LoraConfig.max_loras, prefix_caching: bool = True
+    loaded: LoadedModel,
+    max_num_seqs: int,
+    max_loras: int = LoraConfig.max_loras,
+    prefix_caching: bool = True,
+    pool_bytes: int = POOL_BYTES,
+    enforce_eager: bool = False,
 ) -> LLMEngine:
     config = EngineConfig(
-        model=ModelConfig(dtype=dtype_name(loaded.dtype), device=loaded.device),
-        cache=CacheConfig(pool_memory=POOL_BYTES, prefix_caching=prefix_caching),
+        model=ModelConfig(dtype=dtype_name(loaded.dtype), device=loaded.device, enforce_eager=enforce_eager),
+        cache=CacheConfig(pool_memory=pool_bytes, prefix_caching=prefix_caching),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
         lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
     )

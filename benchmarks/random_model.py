@@ -1,35 +1,76 @@
-"""Save a randomly initialised model with another model's architecture and tokenizer.
+"""Models with random weights, for benchmark runs where the real weights cannot be had.
 
-For benchmark runs where the real weights cannot travel (a lent GPU machine receives at
-most 64 MiB): speed does not depend on what the weights learned, and every benchmark
-ignores EOS, so each system generates the same number of tokens.
+A lent GPU machine receives at most 64 MiB and downloads nothing: speed does not depend on
+what the weights learned, and every benchmark ignores EOS, so each system generates the
+same number of tokens.
 
-    python -m benchmarks.random_model SOURCE_DIR OUT_DIR   # SOURCE_DIR: config.json + tokenizer files
+    python -m benchmarks.random_model SOURCE_DIR OUT_DIR              # SOURCE_DIR's architecture, saved weights
+    python -m benchmarks.random_model --shapes llama3-8b OUT_DIR      # config + tokenizer only: run with
+                                                                      # --random-weights (made on the device)
+
+SOURCE_DIR holds config.json and tokenizer files (default: the embedded model's). With
+--shapes the tokenizer is the embedded model's: ids past its vocabulary decode to nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from loraserve.config import default_cache_dir
+from loraserve.models.default_model import default_model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+# Llama-3-8B's architecture as its config.json gives it.
+SHAPES = {
+    "llama3-8b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+    },
+}  # fmt: skip
+
+
+def transformers_model(model_dir: Path, dtype: torch.dtype, device: str, random_weights: bool) -> PreTrainedModel:
+    """The same model in transformers: read from `model_dir`, or built with random weights on the device."""
+    if not random_weights:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype).eval()
+
+
+def copy_tokenizer(source: Path, out: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", type=Path)
+    parser.add_argument("source", type=Path, nargs="?", help="default: the embedded model")
     parser.add_argument("out", type=Path)
+    parser.add_argument("--shapes", choices=sorted(SHAPES), help="write this architecture's config, no weights")
     args = parser.parse_args()
+    source = args.source or default_model_dir(default_cache_dir())
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.shapes:
+        (args.out / "config.json").write_text(json.dumps(SHAPES[args.shapes], indent=2))
+        copy_tokenizer(source, args.out)
+        print(f"wrote {args.shapes}'s config to {args.out}: load it with --random-weights")
+        return
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.source), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch.float32)
     model.save_pretrained(args.out)
-    for name in TOKENIZER_FILES:
-        if (args.source / name).is_file():
-            shutil.copy(args.source / name, args.out / name)
+    copy_tokenizer(source, args.out)
     print(f"saved a random {model.config.model_type} of {model.num_parameters() / 1e6:.0f}M parameters in {args.out}")
 
 

@@ -11,15 +11,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import triton
 
-from loraserve.config import DTYPES
+from loraserve.config import DTYPES, ModelConfig
 from loraserve.models.dtypes import cpu_has_native_bf16
 
 
 def machine_description(device: str = "cpu") -> str:
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
-        return f"{props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}"
+        return (
+            f"{props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, triton {triton.__version__}"
+        )
     bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
     threads = torch.get_num_threads()
     return f"{_cpu_name()}, {os.cpu_count()} cores ({bf16}), torch {torch.__version__}, {threads} threads"
@@ -66,9 +69,21 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
+        "--random-weights", action="store_true",
+        help="seeded random weights made on the device: --model needs only config.json and a tokenizer "
+        "(python -m benchmarks.random_model --shapes llama3-8b OUT writes one)",
+    )  # fmt: skip
+    parser.add_argument(
         "--dtype", default="auto", choices=DTYPES,
         help="auto (default), as the server picks: bfloat16 on CUDA or where the CPU has it natively, else float32",
     )  # fmt: skip
+
+
+def model_config_of(args: argparse.Namespace, dtype: str | None = None) -> ModelConfig:
+    """The model the flags of `add_model_flags` name, in `dtype` (default: --dtype)."""
+    return ModelConfig(
+        model=args.model, dtype=dtype or args.dtype, device=args.device, random_weights=args.random_weights
+    )
 
 
 def reproduce_command(module: str) -> str:

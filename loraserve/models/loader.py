@@ -51,7 +51,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
     spec = LlamaSpec.from_hf_config(hf_config)
     rope = RotaryEmbedding(hf_config, spec.head_dim, spec.max_positions, dtype, config.device)
     model = LlamaForCausalLM(spec, rope, dtype, config.device)
-    _load_weights(model, model_dir)
+    if config.random_weights:
+        _random_weights(model)
+    else:
+        _load_weights(model, model_dir)
     model.pack_weights()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return LoadedModel(
@@ -106,6 +109,16 @@ def _load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
                     progress.update()
     if missing:
         raise ModelLoadError(f"{model_dir} lacks {len(missing)} weights, e.g. {sorted(missing)[0]}")
+
+
+def _random_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
+    """Norms at 1, everything else N(0, 0.02) as transformers initialises Llama, drawn on the model's device."""
+    generator = torch.Generator(model.embed_tokens.device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, 0.02, generator=generator)
 
 
 def _eos_token_ids(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:

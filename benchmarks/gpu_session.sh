@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine is for, in one command: the `gpu` tests, then the GPU benchmarks.
+# Each stage has its own time limit and log, so a stage that fails or overruns leaves the others'.
+#
+#   bash benchmarks/gpu_session.sh SOURCE_DIR OUT_DIR
+#
+# SOURCE_DIR: the default model's config.json and tokenizer files (its 94 MB of weights need not
+# travel: random weights of its shapes are made there). OUT_DIR gets versions.txt, one log per
+# stage and benchmarks.md (the sections to merge into docs/benchmarks.md).
+set -u
+SOURCE=$1
+OUT=$2
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+PY=${PYTHON:-python3}
+SMOLLM2=/tmp/smollm2-random
+LLAMA8B=/tmp/llama3-8b
+
+stage() {  # stage NAME SECONDS COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "$name: exit $? in $((SECONDS - start)) s" | tee -a "$OUT/stages.txt"
+    tail -n 4 "$OUT/$name.log"
+}
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} >"$OUT/versions.txt" 2>&1
+cat "$OUT/versions.txt"
+
+stage models 45 bash -c "$PY -m benchmarks.random_model '$SOURCE' $SMOLLM2 &&
+    $PY -m benchmarks.random_model '$SOURCE' $LLAMA8B --shapes llama3-8b"
+stage tests 150 env LORASERVE_TEST_MODEL=$SMOLLM2 $PY -m pytest -m gpu -q -p no:cacheprovider \
+    tests/kernels tests/correctness/test_cuda.py
+stage decode-llama8b 210 $PY -m benchmarks.bench_gpu --model $LLAMA8B --random-weights --output "$OUT/benchmarks.md"
+stage engine-llama8b 110 $PY -m benchmarks.bench_engine --model $LLAMA8B --random-weights --device cuda \
+    --dtypes bfloat16 --batch-sizes 1 8 64 --repeats 1 --min-output 32 --max-output 64 --output "$OUT/benchmarks.md"

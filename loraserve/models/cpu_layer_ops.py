@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from loraserve.models.layer_ops_checks import check_rotary_store_kv
 from sgmv_kernels.build import load_library
 
 SOURCE = Path(__file__).with_name("layer_ops_cpu.cpp")
@@ -79,18 +80,9 @@ class LayerOpsKernel:
         slot_blocks: torch.Tensor,  # [T] int64
         slot_offsets: torch.Tensor,  # [T] int64
     ) -> None:
+        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
         rows = qkv.shape[0]
         _, _, num_kv_heads, head_dim = k_cache.shape
-        if qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
-            raise ValueError("qkv rows must hold the q, k and v heads contiguously")
-        if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (rows, head_dim)):
-            raise ValueError("cos and sin must be contiguous [T, head_dim]")
-        if k_cache.stride() != v_cache.stride() or not k_cache[0].is_contiguous():
-            raise ValueError("K and V blocks must be contiguous and laid out alike")
-        if not (qkv.dtype == cos.dtype == sin.dtype == k_cache.dtype == v_cache.dtype):
-            raise ValueError("qkv, cos, sin and the caches must share one dtype")
-        if slot_blocks.dtype != torch.int64 or slot_offsets.dtype != torch.int64 or len(slot_blocks) != rows:
-            raise ValueError("slot blocks and offsets must be int64, one per token")
         self._functions[("rotary_store_kv", qkv.dtype)](
             qkv.data_ptr(),
             qkv.stride(0),

@@ -4,7 +4,7 @@ rotary + K/V cache write, each one launch instead of four to eight torch ops.
 At batch 1 a decode step of an 8B model is ~450 launches of tiny element-wise work beside
 the matrix products; even replayed from a CUDA graph each costs a few microseconds. Each
 kernel rounds where the torch ops it replaces round (the model dtype after every op), so
-the results are the torch path's (tests/kernels/test_layer_ops.py); the same interface as
+the results are the torch path's (tests/kernels/test_cuda_layer_ops.py); the same interface as
 the CPU's compiled ops (cpu_layer_ops.py), which the model calls through `use_layer_ops`.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from loraserve.models.layer_ops_checks import check_rotary_store_kv
 
 
 @triton.jit
@@ -134,12 +136,9 @@ class CudaLayerOps:
         slot_blocks: torch.Tensor,  # [T] int64
         slot_offsets: torch.Tensor,  # [T] int64
     ) -> None:
+        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
         rows = qkv.shape[0]
         _, _, num_kv_heads, head_dim = k_cache.shape
-        if qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
-            raise ValueError("qkv rows must hold the q, k and v heads contiguously")
-        if not (cos.is_contiguous() and sin.is_contiguous()) or k_cache.stride() != v_cache.stride():
-            raise ValueError("cos and sin must be contiguous [T, head_dim], K and V laid out alike")
         if rows == 0:
             return
         _rotary_store_kv_kernel[(rows, num_heads + num_kv_heads)](

@@ -114,8 +114,21 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--no-samples", action="store_true", help="do not register the sample adapters on first start")
     parser.add_argument(
+        "--drain-timeout", type=int, default=30,
+        help="on SIGTERM or Ctrl-C, seconds the running requests (streams too) may take to finish before exit",
+    )  # fmt: skip
+    parser.add_argument(
         "--registry-timeout", type=float, default=ServerConfig.registry_timeout,
         help="seconds an admin request waits for the registry database before a 503 (inference never waits on it)",
+    )  # fmt: skip
+    _add_orphan_grace_flag(parser)
+
+
+def _add_orphan_grace_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--orphan-grace", type=float, default=ServerConfig.orphan_grace,
+        help="stored files no adapter names (a crash mid-upload) are removed once this many seconds old; younger "
+        "ones may be another replica's upload in flight where replicas share a store (0 with one server)",
     )  # fmt: skip
 
 
@@ -134,6 +147,7 @@ def _serve(args: argparse.Namespace) -> None:
         max_upload_bytes=args.max_upload_bytes,
         register_samples=not args.no_samples,
         registry_timeout=args.registry_timeout,
+        orphan_grace=args.orphan_grace,
     )
     # The engine thread will be the only one computing in parallel: the model loads with every
     # core in a thread that then exits, and this thread (the event loop's) stays serial.
@@ -145,7 +159,7 @@ def _serve(args: argparse.Namespace) -> None:
         print(f"loraserve: admin token for this run (choose one with --admin-token): {state.admin_token}", flush=True)
     adapters = ", ".join(info.name for info in state.catalog.ready) or "none yet"
     print(f"loraserve: serving {state.model_name} on http://{args.host}:{args.port} (adapters: {adapters})", flush=True)
-    if run_server(app, engine, args.host, args.port, args.exit_on_engine_death):
+    if run_server(app, engine, args.host, args.port, args.exit_on_engine_death, args.drain_timeout):
         sys.exit(f"loraserve: exiting because the engine stopped: {engine.error!r}")
 
 
@@ -175,6 +189,23 @@ def _adapters(args: argparse.Namespace) -> None:
     else:
         record = client.upload(args.name, args.path, args.system_prompt, args.description)
         print(f"uploaded {record['name']}: rank {record['rank']}, {', '.join(record['target_modules'])}")
+
+
+def _registry_check(args: argparse.Namespace) -> None:
+    from loraserve.registry import FileStore, Registry
+    from loraserve.registry.consistency import check_registry
+    from loraserve.registry.database import sqlite_url, upgrade_database
+
+    url = args.db or sqlite_url(args.data_dir)
+    upgrade_database(url)
+    registry = Registry(url, FileStore(args.data_dir / "adapters"))
+    try:
+        report = check_registry(registry, repair=args.repair, min_orphan_age=args.orphan_grace)
+    finally:
+        registry.close()
+    print("\n".join(report.lines()) or f"consistent: {len(report.adapters)} adapters, every one with its files")
+    if not report.is_consistent:
+        sys.exit("loraserve: orphan files remain (run with --repair to remove them)")
 
 
 def _chat(args: argparse.Namespace) -> None:
@@ -229,6 +260,18 @@ def main(argv: list[str] | None = None) -> None:
         _add_url_flag(action_parser)
         action_parser.add_argument("--admin-token", default=env("LORASERVE_ADMIN_TOKEN"))
     adapters.set_defaults(run=_adapters)
+
+    registry = commands.add_parser("registry", help="check the registry database against the stored adapter files")
+    checks = registry.add_subparsers(dest="action", required=True)
+    check = checks.add_parser(
+        "check", help="report stored files no adapter names (a crash mid-upload) and adapters whose files are "
+        "missing or changed (marked failed); --repair removes the orphans",
+    )  # fmt: skip
+    check.add_argument("--repair", action="store_true", help="remove the orphan files")
+    check.add_argument("--data-dir", type=Path, default=Path(env("LORASERVE_DATA_DIR") or default_data_dir()))
+    check.add_argument("--db", default=env("LORASERVE_DB_URL"), help="registry database URL (default: SQLite)")
+    _add_orphan_grace_flag(check)
+    check.set_defaults(run=_registry_check, orphan_grace=0.0)
 
     chat = commands.add_parser("chat", help="chat with an adapter (or the base model) in the terminal, streamed")
     chat.add_argument("adapter", nargs="?", help="an adapter's name (default: the base model)")

@@ -138,6 +138,9 @@ class ServerConfig:
     max_unpacked_bytes: int = 2 << 30  # what one archive may unpack to
     register_samples: bool = True  # the sample adapters in adapters/, on the first start with this data dir
     registry_timeout: float = 10.0  # seconds an admin request waits for the database before a 503
+    # At start, stored files no adapter names and upload scratch left by a crash are removed once
+    # this old: where replicas share a store, younger ones may be another server's upload in flight.
+    orphan_grace: float = 600.0
 
     def __post_init__(self) -> None:
         for flag, value in (
@@ -147,6 +150,8 @@ class ServerConfig:
         ):
             if value < 1:
                 raise ConfigError(flag, "must be a positive number of bytes")
+        if not self.orphan_grace >= 0:
+            raise ConfigError("--orphan-grace", "must be a number of seconds, 0 or more")
         if not self.registry_timeout > 0:
             raise ConfigError("--registry-timeout", "must be a positive number of seconds")
         if self.admin_token is not None and len(self.admin_token) < 16:

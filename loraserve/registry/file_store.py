@@ -12,9 +12,11 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from loraserve.crash_points import crash_point
 from loraserve.errors import AdapterError, RegistryError
 from loraserve.file_digest import sha256_of_files
 from loraserve.lora.adapter import CONFIG_FILE, WEIGHTS_FILE
@@ -53,7 +55,9 @@ class FileStore:
             digest = hashlib.sha256()
             for name in FILES:
                 _copy_durably(source_dir / name, staging / name, digest.update)
+                crash_point("store.copying")
             _fsync_dir(staging)
+            crash_point("store.staged")
             if digest.hexdigest() != sha256:
                 raise AdapterError(
                     "files",
@@ -65,11 +69,20 @@ class FileStore:
                 self._discard(final)  # a damaged copy, replaced by the fresh one
             os.rename(staging, final)
             _fsync_dir(self.root)
+            crash_point("store.renamed")
         except OSError as error:
             raise RegistryError(f"cannot store adapter files in {self.root}: {error}") from error
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # already gone after a successful rename
         return final
+
+    def stored(self) -> list[str]:
+        """The content hashes of every stored directory."""
+        return sorted(path.name for path in self.root.iterdir() if path.is_dir() and _SHA256.fullmatch(path.name))
+
+    def age_seconds(self, sha256: str) -> float:
+        """Seconds since the stored directory of `sha256` appeared."""
+        return max(0.0, time.time() - self.path_of(sha256).stat().st_mtime)
 
     def remove(self, sha256: str) -> None:
         """Delete the stored files of `sha256`, if any."""

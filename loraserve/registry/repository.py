@@ -22,6 +22,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraserve.crash_points import crash_point
 from loraserve.errors import AdapterExistsError, AdapterNotFoundError, RegistryError
 from loraserve.registry.adapter_info import AdapterInfo
 from loraserve.registry.adapter_name import validate_adapter_name
@@ -104,6 +105,7 @@ class Registry:
             self.store.put(source_dir, adapter.sha256)
             try:
                 self._insert(row)
+                crash_point("registry.inserted")
             except BaseException:
                 if not had_files:
                     self.store.remove(adapter.sha256)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import UploadFile
 
+from loraserve.crash_points import crash_point
 from loraserve.engine.stats import EngineStats
 from loraserve.errors import AdapterError, AdapterNotFoundError
 from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
@@ -50,6 +52,9 @@ class UnloadLoraRequest(BaseModel):
     lora_name: str
 
 
+UPLOADS_DIR = "uploads"  # in the data directory: scratch space of uploads in flight
+
+
 @router.post("/admin/adapters", status_code=201)
 async def upload_adapter(request: Request) -> JSONResponse:
     state = server_state(request)
@@ -61,8 +66,10 @@ async def upload_adapter(request: Request) -> JSONResponse:
         system_prompt = _text_field(form.get("system_prompt"), "system_prompt")
         description = _text_field(form.get("description"), "description")
         uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
+        crash_point("upload.received")
         with _scratch_dir(state) as scratch:
             source = await asyncio.to_thread(_unpack_upload, uploads, scratch, state.config.max_unpacked_bytes)
+            crash_point("upload.unpacked")
             info = await state.catalog.add(name, source, system_prompt, description)
     finally:
         await form.close()
@@ -196,10 +203,19 @@ def _text_field(value: object, field: str) -> str | None:
     return value
 
 
+def remove_stale_uploads(data_dir: Path, min_age: float) -> None:
+    """At start: the scratch directories of uploads a crash interrupted (older than `min_age` seconds)."""
+    root = data_dir / UPLOADS_DIR
+    now = time.time()
+    for leftover in root.glob("*") if root.is_dir() else []:
+        if now - leftover.stat().st_mtime >= min_age:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 @contextmanager
 def _scratch_dir(state: ServerState) -> Iterator[Path]:
     """A temporary directory on the data directory's filesystem, removed on exit whatever happened."""
-    root = state.config.data_dir / "uploads"
+    root = state.config.data_dir / UPLOADS_DIR
     root.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(dir=root))
     try:

@@ -44,7 +44,8 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     if config.register_samples and not marker.exists():
         catalog.register_samples(SAMPLE_ADAPTERS)
         marker.touch()
-    catalog.load_registered()
+    catalog.load_registered(config.orphan_grace)
+    admin.remove_stale_uploads(config.data_dir, config.orphan_grace)
     metrics = Metrics()
     engine.engine.adapters.stats.load_observers.append(metrics.adapter_load.observe)
 

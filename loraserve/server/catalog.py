@@ -20,10 +20,12 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
+from loraserve.crash_points import crash_point
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.errors import AdapterError, AdapterExistsError, RegistryUnavailableError, UnknownAdapterError
 from loraserve.lora.adapter import CONFIG_FILE
 from loraserve.registry import AdapterInfo, Registry
+from loraserve.registry.consistency import check_registry
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.usage_buffer import UsageBuffer
 
@@ -45,9 +47,11 @@ class AdapterCatalog:
         self._name_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._changes: set[asyncio.Task[object]] = set()  # referenced until done, or they may vanish
 
-    def load_registered(self) -> None:
-        """At start (before the engine thread runs): verify every stored adapter and serve the sound ones."""
-        for info in self.registry.verify_all():
+    def load_registered(self, min_orphan_age: float) -> None:
+        """At start (before the engine thread runs): check the registry against its files, removing the
+        orphans of a crash mid-upload (consistency.py), and serve the sound adapters."""
+        report = check_registry(self.registry, repair=True, min_orphan_age=min_orphan_age)
+        for info in report.adapters:
             if info.status != "ready":
                 logger.warning("adapter %r not served: %s", info.name, info.status_reason)
                 continue
@@ -90,6 +94,7 @@ class AdapterCatalog:
             raise AdapterError("name", f"{name!r} is the base model's id")
         # Out of this process and off the engine's lock: a hostile file stalls no request (adapter_sandbox.py).
         adapter = await asyncio.to_thread(self.engine.engine.read_untrusted_adapter, source_dir)
+        crash_point("upload.validated")
 
         async def change() -> AdapterInfo:
             if await self.calls(f"read adapter {name!r}", self.registry.get, name, wait=True) is not None:
@@ -105,6 +110,7 @@ class AdapterCatalog:
                 await self.calls(f"delete adapter {name!r}", self.registry.delete, name, wait=True)
                 raise
             self._ready[name] = info
+            crash_point("upload.served")
             return info
 
         return await self._change(name, change())

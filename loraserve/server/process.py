@@ -8,13 +8,20 @@ from fastapi import FastAPI
 from loraserve.engine.async_engine import AsyncLLMEngine
 
 
-def run_server(app: FastAPI, engine: AsyncLLMEngine, host: str, port: int, exit_on_engine_death: bool) -> int:
-    """Serve until Ctrl-C, or (`exit_on_engine_death`) until the engine stops for good; the exit status.
+def run_server(
+    app: FastAPI, engine: AsyncLLMEngine, host: str, port: int, exit_on_engine_death: bool, drain_timeout: int
+) -> int:
+    """Serve until SIGTERM or Ctrl-C, or (`exit_on_engine_death`) until the engine stops for good; the exit status.
+
+    On SIGTERM or Ctrl-C no new connection is accepted and the requests running finish (streams
+    included: the engine runs until they are done) for at most `drain_timeout` seconds; what
+    is left then is cut off.
 
     A server whose engine has died answers nothing useful: exiting non-zero lets systemd,
     Kubernetes or Ray start a fresh one. Without it the server stays up and /health says 503.
     """
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_timeout)
+    server = uvicorn.Server(config)
     if exit_on_engine_death:
         engine.on_death = lambda _: setattr(server, "should_exit", True)  # uvicorn looks every 0.1 s
     server.run()

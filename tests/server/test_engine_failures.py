@@ -74,7 +74,7 @@ def test_the_server_exits_non_zero_once_its_engine_dies(loaded_model, tmp_path):
     app = create_app(engine, server_config_in(tmp_path))
     port = free_port()
     status: list[int] = []
-    serving = threading.Thread(target=lambda: status.append(run_server(app, engine, "127.0.0.1", port, True)))
+    serving = threading.Thread(target=lambda: status.append(run_server(app, engine, "127.0.0.1", port, True, 5)))
     serving.start()
     deadline = time.monotonic() + 30
     while True:

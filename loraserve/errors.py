@@ -1,5 +1,7 @@
 """Domain exceptions: raised at the boundary, mapped to wire errors in one place."""
 
+import errno
+
 
 class LoraserveError(Exception):
     """Base class of every error loraserve raises on purpose."""
@@ -59,6 +61,16 @@ class AdapterRetiringError(LoraserveError):
 
 class PayloadTooLargeError(LoraserveError):
     """An upload or archive exceeds a configured size limit (413 on the wire)."""
+
+
+class InsufficientStorageError(LoraserveError):
+    """The disk is full (or the quota spent): an upload cannot be stored; nothing of it is kept (507)."""
+
+
+def raise_if_disk_full(error: OSError, what: str) -> None:
+    """Turn ENOSPC and EDQUOT into InsufficientStorageError; leave any other OSError to the caller."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise InsufficientStorageError(f"no space left to {what}: {error.strerror}; free some and retry") from error
 
 
 class RegistryError(LoraserveError):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loraserve.crash_points import crash_point
-from loraserve.errors import AdapterError, RegistryError
+from loraserve.errors import AdapterError, RegistryError, raise_if_disk_full
 from loraserve.file_digest import sha256_of_files
 from loraserve.lora.adapter import CONFIG_FILE, WEIGHTS_FILE
 
@@ -71,6 +71,7 @@ class FileStore:
             _fsync_dir(self.root)
             crash_point("store.renamed")
         except OSError as error:
+            raise_if_disk_full(error, f"store the adapter files in {self.root}")
             raise RegistryError(f"cannot store adapter files in {self.root}: {error}") from error
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # already gone after a successful rename

@@ -24,7 +24,7 @@ from starlette.datastructures import UploadFile
 
 from loraserve.crash_points import crash_point
 from loraserve.engine.stats import EngineStats
-from loraserve.errors import AdapterError, AdapterNotFoundError
+from loraserve.errors import AdapterError, AdapterNotFoundError, raise_if_disk_full
 from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
 from loraserve.registry import AdapterInfo
 from loraserve.registry.archive import SUFFIXES, extract_adapter_archive
@@ -68,7 +68,11 @@ async def upload_adapter(request: Request) -> JSONResponse:
         uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
         crash_point("upload.received")
         with _scratch_dir(state) as scratch:
-            source = await asyncio.to_thread(_unpack_upload, uploads, scratch, state.config.max_unpacked_bytes)
+            try:
+                source = await asyncio.to_thread(_unpack_upload, uploads, scratch, state.config.max_unpacked_bytes)
+            except OSError as error:
+                raise_if_disk_full(error, "unpack the upload")
+                raise
             crash_point("upload.unpacked")
             info = await state.catalog.add(name, source, system_prompt, description)
     finally:

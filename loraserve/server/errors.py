@@ -25,6 +25,7 @@ from loraserve.errors import (
     AdapterRetiringError,
     AdapterUnavailableError,
     EngineDeadError,
+    InsufficientStorageError,
     InvalidRequestError,
     LoraserveError,
     ModelNotFoundError,
@@ -54,6 +55,7 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (RequestFailedError, 500, "server_error", "request_failed"),
     (OverloadedError, 503, "server_error", "overloaded"),
     (RequestTimeoutError, 504, "server_error", "timeout"),
+    (InsufficientStorageError, 507, "server_error", "insufficient_storage"),
 ]
 
 

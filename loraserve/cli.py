@@ -32,7 +32,19 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-num-seqs", type=int, default=128, help="sequences decoding together")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (chunked prefill)")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="tokens of prompt + completion a sequence may hold (default: the model's context window)",
+    )  # fmt: skip
     parser.add_argument("--max-n", type=int, default=SchedulerConfig.max_n, help="completions one request may ask for")
+    parser.add_argument(
+        "--max-logprobs", type=int, default=SchedulerConfig.max_logprobs,
+        help="top alternatives one request may ask for at each token (logprobs / top_logprobs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-stop", type=int, default=SchedulerConfig.max_stop,
+        help="stop strings one request may give (each is searched at every token)",
+    )  # fmt: skip
     parser.add_argument(
         "--ttft-slo", type=float, default=None,
         help="seconds to the first token: a request predicted later is refused at once (503, Retry-After)",
@@ -77,7 +89,10 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
             max_n=args.max_n,
+            max_logprobs=args.max_logprobs,
+            max_stop=args.max_stop,
             ttft_slo=args.ttft_slo if args.ttft_slo is not None else preset[0],
             tpot_slo=args.tpot_slo if args.tpot_slo is not None else preset[1],
         ),

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loraserve.engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS
 from loraserve.errors import ConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -75,6 +76,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512  # tokens computed in one step; longer prompts are chunked
     max_model_len: int | None = None  # None = the model's context window
     max_n: int = 128  # completions one request may ask for (OpenAI's limit)
+    max_logprobs: int = MAX_LOGPROBS  # top alternatives one request may ask for at each token
+    max_stop: int = MAX_STOP_STRINGS  # stop strings one request may give (each searched at every token)
     ttft_slo: float | None = None  # seconds to the first token; a request predicted later is refused (admission.py)
     tpot_slo: float | None = None  # seconds per output token; the running batch is kept small enough for it
 
@@ -87,6 +90,10 @@ class SchedulerConfig:
             raise ConfigError("--max-model-len", "must be at least 2")
         if self.max_n < 1:
             raise ConfigError("--max-n", "must be at least 1")
+        if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
+            raise ConfigError("--max-logprobs", f"must be in [0, {MAX_LOGPROBS}]")
+        if not 0 <= self.max_stop <= MAX_STOP_STRINGS:
+            raise ConfigError("--max-stop", f"must be in [0, {MAX_STOP_STRINGS}]")
         for flag, target in (("--ttft-slo", self.ttft_slo), ("--tpot-slo", self.tpot_slo)):
             if target is not None and not 0 < target < float("inf"):
                 raise ConfigError(flag, f"must be a positive number of seconds, got {target}")

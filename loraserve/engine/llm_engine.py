@@ -294,9 +294,18 @@ class LLMEngine:
         )
 
     def _validate_request(self, token_ids: list[int], params: SamplingParams) -> None:
-        """What only the engine knows: the vocabulary, the context window, the KV pool's size, --max-n."""
-        if params.n > self.config.scheduler.max_n:
-            raise InvalidRequestError("n", f"must be at most {self.config.scheduler.max_n} (--max-n), got {params.n}")
+        """What only the engine knows: the vocabulary, the context window, the KV pool's size, its limits."""
+        limits = self.config.scheduler
+        if params.n > limits.max_n:
+            raise InvalidRequestError("n", f"must be at most {limits.max_n} (--max-n), got {params.n}")
+        if params.logprobs is not None and params.logprobs > limits.max_logprobs:
+            raise InvalidRequestError(
+                "logprobs", f"must be at most {limits.max_logprobs} (--max-logprobs), got {params.logprobs}"
+            )
+        if len(params.stop) > limits.max_stop:
+            raise InvalidRequestError(
+                "stop", f"at most {limits.max_stop} stop strings (--max-stop), got {len(params.stop)}"
+            )
         if not token_ids:
             raise InvalidRequestError("prompt", "is empty")
         if len(token_ids) >= self.max_model_len:

@@ -1,4 +1,5 @@
-"""Bounded work per request: `n` is capped, and n x (prompt + max_tokens) must fit the KV pool."""
+"""Bounded work per request: `n`, logprobs and stop strings are capped (flags), and n x (prompt +
+max_tokens) must fit the KV pool."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import wait_until_idle
+from loraserve.config import SchedulerConfig
+from tests.server.conftest import start_server, wait_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -60,3 +62,21 @@ def test_a_prompt_no_tokenization_fits_is_refused_before_tokenizing(server):
     chat = post(server, {"messages": [{"role": "user", "content": huge}]})
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "messages"
     assert time.monotonic() - started < 5, "refused without tokenizing"
+
+
+@pytest.fixture(scope="module")
+def strict_server(loaded_model, tmp_path_factory):
+    yield from start_server(
+        loaded_model, tmp_path_factory.mktemp("data"), scheduler=SchedulerConfig(max_logprobs=2, max_stop=2)
+    )
+
+
+def test_logprobs_and_stop_strings_past_their_flags_answer_400_naming_the_field(strict_server):
+    top = post(strict_server, {"logprobs": True, "top_logprobs": 3, "max_tokens": 1})
+    assert top.status_code == 400 and top.json()["error"]["code"] == "top_logprobs"
+    assert "at most 2 (--max-logprobs)" in top.json()["error"]["message"]
+    stops = post(strict_server, {"stop": ["a", "b", "c"], "max_tokens": 1})
+    assert stops.status_code == 400 and stops.json()["error"]["code"] == "stop"
+    assert "at most 2 stop strings (--max-stop)" in stops.json()["error"]["message"]
+    within = post(strict_server, {"logprobs": True, "top_logprobs": 2, "stop": ["a", "b"], "max_tokens": 1})
+    assert within.status_code == 200, within.text

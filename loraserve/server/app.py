@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 from loraserve.config import ServerConfig
@@ -21,13 +22,14 @@ from loraserve.server import admin, health, lorax, openai
 from loraserve.server.auth import require_admin_token, require_api_key
 from loraserve.server.body_limit import BodyLimitMiddleware
 from loraserve.server.catalog import AdapterCatalog
-from loraserve.server.errors import install_error_handlers
+from loraserve.server.errors import ERROR_RESPONSES, install_error_handlers
 from loraserve.server.metrics import Metrics
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.state import ServerState, server_state
 
 SAMPLE_ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
 ADMIN_UI = Path(__file__).resolve().parents[2] / "admin_ui"
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 _SAMPLES_MARKER = ".samples-registered"  # in the data directory: samples are offered once, never re-added
 
 
@@ -64,7 +66,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
             if calls.is_available:  # closing waits for connections a hung database still holds
                 registry.close()
 
-    app = FastAPI(title="loraserve", lifespan=lifespan)
+    app = FastAPI(title="loraserve", lifespan=lifespan, responses=ERROR_RESPONSES)
     tokenizer = engine.engine.tokenizer
     app.state.loraserve = ServerState(
         engine=engine,
@@ -85,11 +87,11 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         upload_path="/admin/adapters",
     )
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {PROMETHEUS_TEXT: {}}}})
     async def prometheus_metrics(request: Request) -> Response:
         state = server_state(request)
         stats = await state.engine.call(lambda e: e.stats())
-        return Response(state.metrics.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(state.metrics.render(stats), media_type=PROMETHEUS_TEXT)
 
     # The page holds no data: everything it shows is fetched with the admin token.
     app.mount("/admin/ui", StaticFiles(directory=ADMIN_UI, html=True), name="admin-ui")

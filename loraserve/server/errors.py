@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loraserve.errors import (
@@ -57,6 +58,37 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (RequestTimeoutError, 504, "server_error", "timeout"),
     (InsufficientStorageError, 507, "server_error", "insufficient_storage"),
 ]
+
+
+class WireError(BaseModel):
+    message: str
+    type: str
+    code: str | int  # the field at fault, or what went wrong (see _WIRE)
+    request_id: str | None = None  # an unforeseen 500's, also in the server log
+
+
+class ErrorResponse(BaseModel):
+    """Every error the server answers, in OpenAI's shape: documented on every route (openapi.json)."""
+
+    error: WireError
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (400, "a field is invalid or not supported (code: the field)"),
+        (401, "no or a wrong API key / admin token"),
+        (403, "a wrong admin token"),
+        (404, "unknown model, adapter or route"),
+        (409, "the adapter name is taken, or the adapter is being removed"),
+        (413, "the body or the upload is too large"),
+        (422, "the adapter cannot be accepted (code: the field or file)"),
+        (500, "computing the request failed, or an unforeseen error (with a request_id)"),
+        (503, "adapter, registry or engine unavailable, or overloaded (Retry-After)"),
+        (504, "the request's own timeout passed before it started"),
+        (507, "the disk is full: the upload is not kept"),
+    )
+}
 
 
 # Starlette's own refusals: a body it could not parse (too deeply nested JSON...), a route or method unknown.

@@ -6,6 +6,7 @@ import math
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -21,6 +22,9 @@ from loraserve.errors import (
 )
 from loraserve.registry import AdapterInfo
 from loraserve.server.state import ServerState, server_state
+
+# A route that answers JSON, or server-sent events when the request says "stream": true.
+JSON_OR_EVENTS: dict[int | str, dict[str, Any]] = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 def resolve_adapter(state: ServerState, name: str | None) -> AdapterInfo | None:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
 from loraserve.errors import InvalidRequestError, LoraserveError
-from loraserve.server.generation import Scheduling, fields_named, generate, resolve_adapter
+from loraserve.server.generation import JSON_OR_EVENTS, Scheduling, fields_named, generate, resolve_adapter
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -79,6 +79,8 @@ class GenerateParameters(BaseModel):
 
 
 class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     inputs: str
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
     stream: bool = False
@@ -89,12 +91,12 @@ async def generate_route(body: GenerateRequest, request: Request) -> dict[str, A
     return await _complete(request, body)
 
 
-@router.post("/generate_stream")
+@router.post("/generate_stream", responses={200: {"content": {"text/event-stream": {}}}})
 async def generate_stream_route(body: GenerateRequest, request: Request) -> StreamingResponse:
     return await _stream(request, body)
 
 
-@router.post("/", response_model=None)
+@router.post("/", response_model=None, responses=JSON_OR_EVENTS)
 async def lorax_root(body: GenerateRequest, request: Request) -> JSONResponse | StreamingResponse:
     """lorax-client posts here: a one-element list when not streaming, events when streaming."""
     if body.stream:

@@ -16,7 +16,7 @@ from loraserve.engine.chat import chat_prompt_ids
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundError, UnknownAdapterError
 from loraserve.registry import AdapterInfo
 from loraserve.server.errors import stream_error_event
-from loraserve.server.generation import Scheduling, fields_named, generate, resolve_adapter
+from loraserve.server.generation import JSON_OR_EVENTS, Scheduling, fields_named, generate, resolve_adapter
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
 from loraserve.server.state import ServerState, server_state
 
@@ -36,7 +36,7 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[base, *adapters])
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, responses=JSON_OR_EVENTS)
 async def create_completion(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
     adapter = _adapter_of(state, body)
@@ -44,7 +44,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> JSONRe
     return await _respond(request, body, body.prompt, params, adapter, _CompletionFormat(state, body.model))
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post("/v1/chat/completions", response_model=None, responses=JSON_OR_EVENTS)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
     adapter = _adapter_of(state, body)

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.openmp import keep_serial
 from loraserve.engine.outputs import RequestOutput
@@ -76,10 +77,11 @@ class AsyncLLMEngine:
         adapter: str | None = None,
         priority: int = 0,
         timeout: float | None = None,
+        tenant: Tenant = UNKEYED,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that touched it, the last one finished."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        await self.offload(self._add, request_id, prompt, params, adapter, stream, priority, timeout)
+        await self.offload(self._add, request_id, prompt, params, adapter, stream, priority, timeout, tenant)
         finished = False
         try:
             while not finished:
@@ -122,6 +124,7 @@ class AsyncLLMEngine:
         stream: _Stream,
         priority: int,
         timeout: float | None,
+        tenant: Tenant,
     ) -> None:
         keep_serial()
         # Tokenized before taking the lock: a long text must not hold back the steps.
@@ -131,8 +134,9 @@ class AsyncLLMEngine:
             if self._error is not None:
                 raise EngineDeadError(f"the engine stopped: {self._error}")
             self.engine.add_request(
-                request_id, token_ids, params, adapter=adapter, text=text, priority=priority, timeout=timeout
-            )
+                request_id, token_ids, params, adapter=adapter, text=text, priority=priority, timeout=timeout,
+                tenant=tenant,
+            )  # fmt: skip
             self._streams[request_id] = stream
         self._has_work.set()
 

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from loraserve.config import EngineConfig
 from loraserve.engine.batch import ScheduledBatch
 from loraserve.engine.block_manager import BlockManager
+from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.model_runner import GraphSettings, ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
 from loraserve.engine.page_allocator import PageUse
@@ -132,11 +133,13 @@ class LLMEngine:
         text: str | None = None,
         priority: int = 0,
         timeout: float | None = None,
+        tenant: Tenant = UNKEYED,
     ) -> Request:
         """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids), with an adapter or none.
 
         `text`: the text that token ids were tokenized from (`tokenize`), reported with the outputs.
         `priority`: lower first. `timeout`: seconds after which it is dropped if it has not started.
+        `tenant`: whose fair share of the engine serves it (fair_share.py).
         OverloadedError when SLO targets are set and it would miss its TTFT (admission.py).
         """
         if request_id in self._requests:
@@ -155,6 +158,7 @@ class LLMEngine:
             arrival_time=arrival_time,
             adapter=adapter,
             priority=priority,
+            tenant=tenant,
             deadline=None if timeout is None else arrival_time + timeout,
         )
         self._requests[request_id] = request

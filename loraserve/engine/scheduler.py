@@ -22,13 +22,14 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from loraserve.config import SchedulerConfig
 from loraserve.engine.admission import Admission
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
+from loraserve.engine.fair_share import FairShare, Tenant
 from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, OVERLOADED, STEP_FAILED, TIMED_OUT, RequestError
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
@@ -84,6 +85,7 @@ class Scheduler:
         self._failed: list[Request] = []
         self._failing: dict[Request, RequestError] = {}  # found by `schedule`, ended by `take_failed`
         self._draining: str | None = None  # admits no new sequence until drained (see the module doc)
+        self.fair_share = FairShare()
         self.costs = StepCosts()  # the engine reports each step's time
         self.admission = Admission(config, self.costs)
         self.num_timed_out = 0
@@ -91,6 +93,9 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue the request behind those of its priority or better; OverloadedError if it would miss its TTFT."""
         self.admission.check(request, self.running, self.waiting)
+        active = {seq.request.tenant for seq in itertools.chain(self.waiting, self.running)}
+        if request.tenant not in active:
+            self.fair_share.activate(request.tenant, active)
         seq = Sequence(
             seq_id=next(self._seq_ids),
             request=request,
@@ -151,7 +156,7 @@ class Scheduler:
         # Admitting new work right after preempting would only preempt again.
         if self._draining is not None and not any(seq.request.adapter == self._draining for seq in self.running):
             self._draining = None  # drained: its idle slot goes to the first waiting request that needs one
-        for seq in list(self.waiting):
+        for seq in self._admission_order():
             if budget <= 0 or len(self.running) >= max_running or preempted:
                 break
             if seq.request in self._failing:
@@ -202,11 +207,30 @@ class Scheduler:
         self.waiting.remove(seq)
         seq.status = SequenceStatus.RUNNING
         if seq.request.first_scheduled_time is None:
+            self.fair_share.charge(seq.request.tenant, prompt_tokens=seq.num_prompt_tokens)
             seq.request.first_scheduled_time = self.clock()
             seq.request.num_cached_tokens = seq.num_computed_tokens
         self.running.append(seq)
         chosen.append((seq, num_new))
         return num_new
+
+    def _admission_order(self) -> Iterator[Sequence]:
+        """The waiting sequences in the order to admit them: preempted ones first (they held their place),
+        then by priority, then the tenant with the lowest fair-share counter, charged as they are admitted."""
+        queues: dict[Tenant, deque[Sequence]] = {}
+        for seq in self.waiting:  # each tenant's own queue keeps the waiting order
+            queues.setdefault(seq.request.tenant, deque()).append(seq)
+
+        def head_key(tenant: Tenant) -> tuple[bool, int, float]:
+            request = queues[tenant][0].request
+            return request.first_scheduled_time is None, request.priority, self.fair_share.counter(tenant)
+
+        while queues:
+            tenant = min(queues, key=head_key)
+            seq = queues[tenant].popleft()
+            if not queues[tenant]:
+                del queues[tenant]
+            yield seq
 
     def _drop_expired(self) -> None:
         """Requests still waiting for their start past their deadline end (after the step) with TIMED_OUT."""
@@ -258,6 +282,7 @@ class Scheduler:
                 continue
             seq.token_ids.append(token_id)
             seq.token_times.append(now)
+            self.fair_share.charge(seq.request.tenant, output_tokens=1)
             if logprob is not None:
                 seq.logprobs.append(logprob)
             reason = self.stop_checker.check(seq)

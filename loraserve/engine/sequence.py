@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.outputs import RequestError, TokenLogprob
 from loraserve.engine.sampling_params import SamplingParams
 
@@ -26,7 +27,8 @@ class Request:
     params: SamplingParams
     arrival_time: float
     adapter: str | None = None  # the LoRA adapter's name; None = the base model
-    priority: int = 0  # lower is scheduled first; equal priorities in arrival order
+    priority: int = 0  # lower is scheduled first; equal priorities by fair share between tenants
+    tenant: Tenant = UNKEYED  # whose share it is served from (fair_share.py)
     deadline: float | None = None  # monotonic time after which it is dropped if still waiting for its start
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 
 from loraserve.engine import RequestOutput, SamplingParams
+from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, OVERLOADED, TIMED_OUT
 from loraserve.engine.sampling_params import INT64_MAX, INT64_MIN
 from loraserve.errors import (
@@ -21,6 +22,7 @@ from loraserve.errors import (
     RequestTimeoutError,
 )
 from loraserve.registry import AdapterInfo
+from loraserve.server.auth import tenant_of
 from loraserve.server.state import ServerState, server_state
 
 # A route that answers JSON, or server-sent events when the request says "stream": true.
@@ -47,10 +49,12 @@ def fields_named(names: Mapping[str, str]) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Scheduling:
-    """Where a request queues: `priority` (lower first, vLLM's field) and `timeout` (seconds to start)."""
+    """Where a request queues: `priority` (lower first, vLLM's field), `timeout` (seconds to start) and
+    whose fair share serves it (the API key's tenant)."""
 
     priority: int = 0
     timeout: float | None = None
+    tenant: Tenant = UNKEYED
 
     @classmethod
     def of(cls, http: Request, priority: object = 0, timeout: object = None) -> Scheduling:
@@ -61,10 +65,10 @@ class Scheduling:
         if timeout is None and "x-request-timeout" in http.headers:
             field, timeout = "X-Request-Timeout", _number(http.headers["x-request-timeout"])
         if timeout is None:
-            return cls(priority)
+            return cls(priority, None, tenant_of(http))
         if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
             raise InvalidRequestError(field, f"must be a positive number of seconds, got {timeout!r}")
-        return cls(priority, float(timeout))
+        return cls(priority, float(timeout), tenant_of(http))
 
 
 def _number(text: str) -> float | str:
@@ -84,7 +88,9 @@ async def generate(
 ) -> AsyncIterator[RequestOutput]:
     """The engine's stream for one request, aborted when the client goes away; counted when finished."""
     state = server_state(http)
-    stream = state.engine.generate(request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout)
+    stream = state.engine.generate(
+        request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, scheduling.tenant
+    )
     async with aclosing(stream) as outputs:
         async for output in outputs:
             if output.finished:

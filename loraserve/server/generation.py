@@ -94,7 +94,7 @@ async def generate(
     async with aclosing(stream) as outputs:
         async for output in outputs:
             if output.finished:
-                state.metrics.record_request(adapter or state.model_name, output)
+                state.metrics.record_request(adapter or state.model_name, output, scheduling.tenant.name)
             if output.error is not None:
                 if output.error.code == ADAPTER_UNAVAILABLE and adapter is not None:
                     await state.catalog.mark_failed(adapter, output.error.message)

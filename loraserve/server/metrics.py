@@ -36,6 +36,13 @@ class Metrics:
         self.queue_time = Histogram(
             "loraserve_queue_time_seconds", "Arrival to first scheduled", buckets=_LATENCY_BUCKETS, registry=r
         )
+        # Per tenant (each --api-key; "unkeyed" for the rest): what fair share gave each.
+        self.tenant_requests = Counter("loraserve_tenant_requests", "Finished requests", ["tenant"], registry=r)
+        self.tenant_tokens = Counter("loraserve_tenant_generation_tokens", "Tokens generated", ["tenant"], registry=r)
+        self.tenant_ttft = Histogram(
+            "loraserve_tenant_time_to_first_token_seconds", "Arrival to first token", ["tenant"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.adapter_load = Histogram(
             "loraserve_adapter_load_seconds", "Copying an adapter into a device slot", buckets=_LATENCY_BUCKETS,
             registry=r,
@@ -71,11 +78,16 @@ class Metrics:
             )
         }
 
-    def record_request(self, adapter: str, output: RequestOutput) -> None:
+    def record_request(self, adapter: str, output: RequestOutput, tenant: str) -> None:
         timings = output.timings
+        tenant = tenant or "unkeyed"
+        self.tenant_requests.labels(tenant).inc()
+        if timings.ttft is not None:
+            self.tenant_ttft.labels(tenant).observe(timings.ttft)
         for completion in output.outputs:
             self.requests.labels(adapter, completion.finish_reason or "unknown").inc()
             self.generation_tokens.labels(adapter).inc(len(completion.token_ids))
+            self.tenant_tokens.labels(tenant).inc(len(completion.token_ids))
         self.prompt_tokens.labels(adapter).inc(len(output.prompt_token_ids))
         latencies = ((self.ttft, timings.ttft), (self.e2e, timings.e2e), (self.queue_time, timings.queue_time))
         for histogram, value in latencies:

@@ -5,6 +5,7 @@ request durations back)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Iterator
 
@@ -58,7 +59,18 @@ async def flood_then_polite(url: str) -> tuple[float, float]:
         return duration, polite
 
 
+def counter(metrics: str, name: str, key: str) -> float:
+    tenant = "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    (line,) = [line for line in metrics.splitlines() if line.startswith(f'{name}{{tenant="{tenant}"}}')]
+    return float(line.split()[1])
+
+
 def test_a_flooding_key_does_not_hold_back_another_keys_request(keyed_server):
     duration, polite = asyncio.run(flood_then_polite(keyed_server.url))
     # Admitted at the first free slot: within about one flooder request (their batch runs slower).
     assert polite < 2 * duration + 0.5, (duration, polite)
+    metrics = httpx.get(f"{keyed_server.url}/metrics", headers={"Authorization": f"Bearer {POLITE}"}).text
+    assert counter(metrics, "loraserve_tenant_requests_total", FLOODER) == 41
+    assert counter(metrics, "loraserve_tenant_generation_tokens_total", FLOODER) == 41 * 32
+    assert counter(metrics, "loraserve_tenant_requests_total", POLITE) == 1
+    assert counter(metrics, "loraserve_tenant_generation_tokens_total", POLITE) == 4

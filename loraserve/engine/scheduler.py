@@ -246,6 +246,8 @@ class Scheduler:
     def _refuse_late(self) -> None:
         """Requests whose first token can no longer come within the TTFT target end (after the step) with
         OVERLOADED, before any token: a client told at once can go elsewhere; one served late is lost anyway."""
+        if self.config.ttft_slo is None:
+            return
         now = self.clock()
         pending = [seq for seq in self.waiting if seq.request not in self._failing]
         for request in list(self.admission.late_requests(now, self.running, pending)):

@@ -129,7 +129,7 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--no-samples", action="store_true", help="do not register the sample adapters on first start")
     parser.add_argument(
-        "--drain-timeout", type=int, default=30,
+        "--drain-timeout", type=int, default=ServerConfig.drain_timeout,
         help="on SIGTERM or Ctrl-C, seconds the running requests (streams too) may take to finish before exit",
     )  # fmt: skip
     parser.add_argument(
@@ -163,6 +163,7 @@ def _serve(args: argparse.Namespace) -> None:
         register_samples=not args.no_samples,
         registry_timeout=args.registry_timeout,
         orphan_grace=args.orphan_grace,
+        drain_timeout=args.drain_timeout,
     )
     # The engine thread will be the only one computing in parallel: the model loads with every
     # core in a thread that then exits, and this thread (the event loop's) stays serial.
@@ -174,7 +175,7 @@ def _serve(args: argparse.Namespace) -> None:
         print(f"loraserve: admin token for this run (choose one with --admin-token): {state.admin_token}", flush=True)
     adapters = ", ".join(info.name for info in state.catalog.ready) or "none yet"
     print(f"loraserve: serving {state.model_name} on http://{args.host}:{args.port} (adapters: {adapters})", flush=True)
-    if run_server(app, engine, args.host, args.port, args.exit_on_engine_death, args.drain_timeout):
+    if run_server(app, engine, args.host, args.port, args.exit_on_engine_death, config.drain_timeout):
         sys.exit(f"loraserve: exiting because the engine stopped: {engine.error!r}")
 
 

@@ -148,6 +148,7 @@ class ServerConfig:
     # At start, stored files no adapter names and upload scratch left by a crash are removed once
     # this old: where replicas share a store, younger ones may be another server's upload in flight.
     orphan_grace: float = 600.0
+    drain_timeout: int = 30  # seconds running requests get to finish after SIGTERM or Ctrl-C
 
     def __post_init__(self) -> None:
         for flag, value in (
@@ -157,6 +158,8 @@ class ServerConfig:
         ):
             if value < 1:
                 raise ConfigError(flag, "must be a positive number of bytes")
+        if self.drain_timeout < 0:
+            raise ConfigError("--drain-timeout", "must be a number of seconds, 0 or more")
         if not self.orphan_grace >= 0:
             raise ConfigError("--orphan-grace", "must be a number of seconds, 0 or more")
         if not self.registry_timeout > 0:

@@ -139,7 +139,7 @@ class ServerConfig:
     data_dir: Path = field(default_factory=default_data_dir)
     db_url: str | None = None  # None = SQLite in data_dir
     admin_token: str | None = None  # None = a random one, printed once at start
-    api_keys: frozenset[str] = frozenset()  # empty = inference routes are open
+    api_keys: frozenset[str] = frozenset()  # inference needs a key once any exists (these or the admin API's)
     max_body_bytes: int = 8 << 20  # any request but an upload
     max_upload_bytes: int = 1 << 30  # an adapter upload, archive included
     max_unpacked_bytes: int = 2 << 30  # what one archive may unpack to

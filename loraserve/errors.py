@@ -113,5 +113,32 @@ class OverloadedError(LoraserveError):
         self.retry_after = retry_after  # seconds until the queue is predicted to have room
 
 
+class QuotaExceededError(LoraserveError):
+    """A tenant spent its requests or tokens per minute (429, Retry-After); `field` names the quota."""
+
+    def __init__(self, field: str, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.field = field
+        self.retry_after = retry_after  # seconds until the quota has room again
+
+
+class ModelNotAllowedError(LoraserveError):
+    """The request's API key may not use the model it names (403 on the wire)."""
+
+
+class ApiKeyExistsError(LoraserveError):
+    """A key of that tenant name exists already (409 on the wire)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"an API key named {name!r} exists; revoke it first or choose another name")
+
+
+class ApiKeyNotFoundError(LoraserveError, LookupError):
+    """No API key of that tenant name (404 on the wire)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no API key named {name!r}")
+
+
 class RequestTimeoutError(LoraserveError):
     """The request waited past the timeout its client set, and was dropped unserved (504)."""

@@ -2,6 +2,7 @@
 
 from loraserve.registry.adapter_info import AdapterInfo
 from loraserve.registry.adapter_name import validate_adapter_name
+from loraserve.registry.api_keys import ApiKeyInfo, KeySpec, hash_key
 from loraserve.registry.archive import extract_adapter_archive
 from loraserve.registry.database import downgrade_database, masked_url, sqlite_url, upgrade_database
 from loraserve.registry.file_store import FileStore
@@ -12,11 +13,14 @@ __all__ = [
     "AdapterInfo",
     "AdapterNotFoundError",
     "AdapterStatus",
+    "ApiKeyInfo",
     "FileStore",
+    "KeySpec",
     "Registry",
     "Usage",
     "downgrade_database",
     "extract_adapter_archive",
+    "hash_key",
     "masked_url",
     "sqlite_url",
     "upgrade_database",

@@ -1,19 +1,30 @@
-"""What an adapter may be called: a name that is safe in URLs, file names and OpenAI model ids."""
+"""What adapters and tenants may be called: names safe in URLs, file names, metric labels and OpenAI model ids."""
 
 from __future__ import annotations
 
 import re
 
-from loraserve.errors import AdapterError
+from loraserve.errors import AdapterError, InvalidRequestError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_RULE = "use 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+
+
+def is_valid_name(name: str) -> bool:
+    """1-128 of [A-Za-z0-9._-], starting alphanumeric, without '..'."""
+    return bool(_NAME.fullmatch(name)) and ".." not in name
 
 
 def validate_adapter_name(name: str) -> None:
-    """Raise AdapterError("name", ...) unless `name` is 1-128 of [A-Za-z0-9._-], starts alphanumeric, has no '..'."""
-    if not _NAME.fullmatch(name) or ".." in name:
-        raise AdapterError(
-            "name",
-            f"{name[:64]!r} is not a valid adapter name: use 1 to 128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit, without '..'",
-        )
+    """Raise AdapterError("name", ...) unless `name` is valid (is_valid_name)."""
+    if not is_valid_name(name):
+        raise AdapterError("name", f"{name[:64]!r} is not a valid adapter name: {_RULE}")
+
+
+def validate_tenant_name(name: str) -> None:
+    """Raise InvalidRequestError("name", ...) unless `name` is valid and not one the server gives itself:
+    "unkeyed" (requests without a key) and "key-..." (the --api-key keys)."""
+    if not is_valid_name(name):
+        raise InvalidRequestError("name", f"{name[:64]!r} is not a valid tenant name: {_RULE}")
+    if name == "unkeyed" or name.startswith("key-"):
+        raise InvalidRequestError("name", f"{name!r} is reserved (unkeyed traffic and --api-key keys); choose another")

@@ -1,4 +1,5 @@
-"""The registry's one table, `adapters`: what was uploaded, under which name, and how much it served.
+"""The registry's tables: `adapters` (what was uploaded, under which name, how much it served) and
+`api_keys` (the tenants' inference keys, as hashes).
 
 The schema changes only through Alembic (`migrations/`); a test checks that these models
 and the migrations agree.
@@ -71,3 +72,21 @@ class AdapterRow(Base):
     request_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     prompt_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     completion_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class ApiKeyRow(Base):
+    """One tenant's inference key, created through the admin API. Only the key's SHA-256 is stored
+    (the key is 256 random bits: a fast hash is enough); `key_prefix` lets an admin tell keys apart."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (CheckConstraint("weight > 0", name="ck_api_keys_weight"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True, index=True)  # the tenant's name
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    weight: Mapped[float] = mapped_column(Float)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    allowed_models: Mapped[str | None] = mapped_column(Text)  # JSON list of model ids; NULL: every model
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utc_now)

@@ -1,4 +1,5 @@
-"""The adapter registry: names -> records in the database, files in the content-addressed store.
+"""The adapter registry: names -> records in the database, files in the content-addressed store;
+and the tenants' API keys (`Registry.keys`, api_keys.py).
 
 Every method runs its own short transaction and may be called from any thread. Creates
 and deletes hold one lock, so "do other rows still use these files?" and the file change
@@ -26,6 +27,7 @@ from loraserve.crash_points import crash_point
 from loraserve.errors import AdapterExistsError, AdapterNotFoundError, RegistryError
 from loraserve.registry.adapter_info import AdapterInfo
 from loraserve.registry.adapter_name import validate_adapter_name
+from loraserve.registry.api_keys import ApiKeys
 from loraserve.registry.database import check_database, create_registry_engine, driver_message, masked_url
 from loraserve.registry.file_store import FileStore
 from loraserve.registry.models import AdapterRow, AdapterStatus, utc_now
@@ -70,6 +72,7 @@ class Registry:
             raise
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         self._files_lock = threading.Lock()
+        self.keys = ApiKeys(self._session)
 
     def close(self) -> None:
         """Close the database connections."""

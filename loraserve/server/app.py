@@ -18,7 +18,7 @@ from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.lora import adapter_sandbox
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
-from loraserve.server import admin, health, lorax, openai
+from loraserve.server import admin, admin_keys, health, lorax, openai
 from loraserve.server.auth import require_admin_token, require_api_key
 from loraserve.server.body_limit import BodyLimitMiddleware
 from loraserve.server.catalog import AdapterCatalog
@@ -26,6 +26,7 @@ from loraserve.server.errors import ERROR_RESPONSES, install_error_handlers
 from loraserve.server.metrics import Metrics
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.state import ServerState, server_state
+from loraserve.server.tenants import Tenants
 
 SAMPLE_ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
 ADMIN_UI = Path(__file__).resolve().parents[2] / "admin_ui"
@@ -48,6 +49,8 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         marker.touch()
     catalog.load_registered(config.orphan_grace)
     admin.remove_stale_uploads(config.data_dir, config.orphan_grace)
+    tenants = Tenants(registry, calls, config.api_keys)
+    tenants.load()
     metrics = Metrics()
     engine.engine.adapters.stats.load_observers.append(metrics.adapter_load.observe)
 
@@ -55,7 +58,11 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
         threading.Thread(target=adapter_sandbox.warm_up, name="loraserve-sandbox-warm-up", daemon=True).start()
-        background = [asyncio.create_task(calls.probe_forever()), asyncio.create_task(catalog.flush_usage_forever())]
+        background = [
+            asyncio.create_task(calls.probe_forever()),
+            asyncio.create_task(catalog.flush_usage_forever()),
+            asyncio.create_task(tenants.refresh_forever()),
+        ]
         try:
             yield
         finally:
@@ -72,6 +79,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         engine=engine,
         catalog=catalog,
         metrics=metrics,
+        tenants=tenants,
         config=config,
         admin_token=config.admin_token or secrets.token_urlsafe(32),
         model_name=base_model,
@@ -100,4 +108,5 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     app.include_router(openai.router, dependencies=inference)
     app.include_router(lorax.router, dependencies=inference)
     app.include_router(admin.router, dependencies=[Depends(require_admin_token)])
+    app.include_router(admin_keys.router, dependencies=[Depends(require_admin_token)])
     return app

@@ -1,41 +1,43 @@
-"""Bearer-token checks: the admin token on admin routes (always), optional API keys on inference."""
+"""Bearer-token checks: the admin token on admin routes (always), API keys on inference once any exists."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 from fastapi import HTTPException, Request
 
-from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.server.state import server_state
+from loraserve.server.tenants import UNKEYED_ACCESS, TenantKey
 
 
 def require_api_key(request: Request) -> None:
-    """When API keys are configured, inference needs `Authorization: Bearer <key>` (or the admin token)."""
+    """Find the request's tenant (`grant_of`); once keys exist, inference needs one of them or the admin token."""
     state = server_state(request)
-    keys = state.config.api_keys
-    if keys and not any(_bearer_matches(request, key) for key in (*keys, state.admin_token)):
+    token = _bearer(request)
+    grant = state.tenants.key_of(token) if token else None
+    if grant is None and state.tenants.keys_required and not _matches(token, state.admin_token):
         raise HTTPException(status_code=401, detail="missing or invalid API key (Authorization: Bearer <key>)")
+    request.state.grant = grant or UNKEYED_ACCESS
 
 
-def tenant_of(request: Request) -> Tenant:
-    """Each --api-key is a tenant of its own (named by a hash of the key, never the key); every request
-    without one, or with the admin token, shares one tenant. Weights are equal."""
-    for key in server_state(request).config.api_keys:
-        if _bearer_matches(request, key):
-            return Tenant(name="key-" + hashlib.sha256(key.encode()).hexdigest()[:12])
-    return UNKEYED
+def grant_of(request: Request) -> TenantKey:
+    """What the request's key grants (found by require_api_key); the unkeyed tenant's when it has no key."""
+    grant: TenantKey = getattr(request.state, "grant", UNKEYED_ACCESS)
+    return grant
 
 
 def require_admin_token(request: Request) -> None:
     """Admin routes need `Authorization: Bearer <admin token>`: 401 without one, 403 with a wrong one."""
     if not request.headers.get("authorization"):
         raise HTTPException(status_code=401, detail="admin routes need Authorization: Bearer <admin token>")
-    if not _bearer_matches(request, server_state(request).admin_token):
+    if not _matches(_bearer(request), server_state(request).admin_token):
         raise HTTPException(status_code=403, detail="invalid admin token")
 
 
-def _bearer_matches(request: Request, secret: str) -> bool:
+def _bearer(request: Request) -> str:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), secret.encode())
+    return token if scheme.lower() == "bearer" else ""
+
+
+def _matches(token: str, secret: str) -> bool:
+    return bool(token) and hmac.compare_digest(token.encode(), secret.encode())

@@ -25,13 +25,17 @@ from loraserve.errors import (
     AdapterNotFoundError,
     AdapterRetiringError,
     AdapterUnavailableError,
+    ApiKeyExistsError,
+    ApiKeyNotFoundError,
     EngineDeadError,
     InsufficientStorageError,
     InvalidRequestError,
     LoraserveError,
+    ModelNotAllowedError,
     ModelNotFoundError,
     OverloadedError,
     PayloadTooLargeError,
+    QuotaExceededError,
     RegistryError,
     RequestFailedError,
     RequestTimeoutError,
@@ -45,10 +49,14 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (UnknownAdapterError, 404, "not_found_error", "adapter_not_found"),
     (AdapterNotFoundError, 404, "not_found_error", "adapter_not_found"),
     (ModelNotFoundError, 404, "not_found_error", "model_not_found"),
+    (ApiKeyNotFoundError, 404, "not_found_error", "api_key_not_found"),
+    (ModelNotAllowedError, 403, "permission_error", "model_not_allowed"),
+    (QuotaExceededError, 429, "rate_limit_error", None),  # code: the quota (requests_per_minute...)
     (InvalidRequestError, 400, "invalid_request_error", None),  # code: the field
     (AdapterError, 422, "invalid_adapter_error", None),  # code: the field or file
     (AdapterExistsError, 409, "conflict_error", "adapter_exists"),
     (AdapterRetiringError, 409, "conflict_error", "adapter_retiring"),
+    (ApiKeyExistsError, 409, "conflict_error", "api_key_exists"),
     (PayloadTooLargeError, 413, "invalid_request_error", "payload_too_large"),
     (AdapterUnavailableError, 503, "server_error", "unavailable"),
     (RegistryError, 503, "server_error", "registry_unavailable"),
@@ -78,11 +86,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for status, description in (
         (400, "a field is invalid or not supported (code: the field)"),
         (401, "no or a wrong API key / admin token"),
-        (403, "a wrong admin token"),
-        (404, "unknown model, adapter or route"),
-        (409, "the adapter name is taken, or the adapter is being removed"),
+        (403, "a wrong admin token, or a model this API key may not use"),
+        (404, "unknown model, adapter, API key or route"),
+        (409, "the adapter or API key name is taken, or the adapter is being removed"),
         (413, "the body or the upload is too large"),
         (422, "the adapter cannot be accepted (code: the field or file)"),
+        (429, "the API key's requests or tokens per minute are spent (Retry-After; code: the quota)"),
         (500, "computing the request failed, or an unforeseen error (with a request_id)"),
         (503, "adapter, registry or engine unavailable, or overloaded (Retry-After)"),
         (504, "the request's own timeout passed before it started"),
@@ -122,7 +131,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def known(_: Request, error: LoraserveError) -> JSONResponse:
         status, body = domain_error(error)
         headers = {}
-        if isinstance(error, OverloadedError):  # when to come back: what a router needs to go elsewhere meanwhile
+        if isinstance(error, OverloadedError | QuotaExceededError):  # when to come back (a router goes elsewhere)
             headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
         return JSONResponse(status_code=status, content=body, headers=headers)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import Request
 
 from loraserve.engine import RequestOutput, SamplingParams
-from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, OVERLOADED, TIMED_OUT
 from loraserve.engine.sampling_params import INT64_MAX, INT64_MIN
 from loraserve.errors import (
@@ -22,8 +21,9 @@ from loraserve.errors import (
     RequestTimeoutError,
 )
 from loraserve.registry import AdapterInfo
-from loraserve.server.auth import tenant_of
+from loraserve.server.auth import grant_of
 from loraserve.server.state import ServerState, server_state
+from loraserve.server.tenants import UNKEYED_ACCESS, TenantKey
 
 # A route that answers JSON, or server-sent events when the request says "stream": true.
 JSON_OR_EVENTS: dict[int | str, dict[str, Any]] = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
@@ -50,11 +50,11 @@ def fields_named(names: Mapping[str, str]) -> Iterator[None]:
 @dataclass(frozen=True)
 class Scheduling:
     """Where a request queues: `priority` (lower first, vLLM's field), `timeout` (seconds to start) and
-    whose fair share serves it (the API key's tenant)."""
+    whose fair share and quotas serve it (the API key's grant)."""
 
     priority: int = 0
     timeout: float | None = None
-    tenant: Tenant = UNKEYED
+    grant: TenantKey = UNKEYED_ACCESS
 
     @classmethod
     def of(cls, http: Request, priority: object = 0, timeout: object = None) -> Scheduling:
@@ -65,10 +65,10 @@ class Scheduling:
         if timeout is None and "x-request-timeout" in http.headers:
             field, timeout = "X-Request-Timeout", _number(http.headers["x-request-timeout"])
         if timeout is None:
-            return cls(priority, None, tenant_of(http))
+            return cls(priority, None, grant_of(http))
         if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
             raise InvalidRequestError(field, f"must be a positive number of seconds, got {timeout!r}")
-        return cls(priority, float(timeout), tenant_of(http))
+        return cls(priority, float(timeout), grant_of(http))
 
 
 def _number(text: str) -> float | str:
@@ -86,28 +86,47 @@ async def generate(
     adapter: str | None,
     scheduling: Scheduling,
 ) -> AsyncIterator[RequestOutput]:
-    """The engine's stream for one request, aborted when the client goes away; counted when finished."""
+    """The engine's stream for one request, aborted when the client goes away; counted when finished.
+
+    Refused first when the API key may not use the model (403) or its quota is spent (429);
+    its tokens are charged to the quota however it ends."""
     state = server_state(http)
-    stream = state.engine.generate(
-        request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, scheduling.tenant
-    )
-    async with aclosing(stream) as outputs:
-        async for output in outputs:
-            if output.finished:
-                state.metrics.record_request(adapter or state.model_name, output, scheduling.tenant.name)
-            if output.error is not None:
-                if output.error.code == ADAPTER_UNAVAILABLE and adapter is not None:
-                    await state.catalog.mark_failed(adapter, output.error.message)
-                    raise AdapterUnavailableError(f"adapter {adapter!r} cannot be loaded: {output.error.message}")
-                if output.error.code == OVERLOADED:
-                    raise OverloadedError(output.error.message, retry_after=output.error.retry_after or 1.0)
-                if output.error.code == TIMED_OUT:
-                    raise RequestTimeoutError(f"the request timed out: {output.error.message}")
-                raise RequestFailedError(f"the request failed: {output.error.message}")
-            if output.finished and adapter is not None:
-                completion_tokens = sum(len(c.token_ids) for c in output.outputs)
-                state.catalog.record_usage(adapter, len(output.prompt_token_ids), completion_tokens)
-            yield output
-            # Closing the engine's stream (leaving this block) aborts the request and frees its blocks.
-            if not output.finished and await http.is_disconnected():
-                return
+    grant, tenant = scheduling.grant, scheduling.grant.tenant
+    state.tenants.admit(grant, adapter or state.model_name)
+    stream = state.engine.generate(request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, tenant)
+    last: RequestOutput | None = None
+    try:
+        # Closing the engine's stream (leaving this block) aborts the request and frees its blocks.
+        async with aclosing(stream), aclosing(_checked(state, adapter, tenant.name, stream)) as outputs:
+            async for last in outputs:
+                yield last
+                if not last.finished and await http.is_disconnected():
+                    return
+    finally:
+        if last is not None:
+            state.tenants.charge(grant, len(last.prompt_token_ids) + _num_generated(last))
+
+
+def _num_generated(output: RequestOutput) -> int:
+    return sum(len(completion.token_ids) for completion in output.outputs)
+
+
+async def _checked(
+    state: ServerState, adapter: str | None, tenant: str, outputs: AsyncIterator[RequestOutput]
+) -> AsyncGenerator[RequestOutput, None]:
+    """The engine's outputs, its errors raised as the wire's, each finished request counted."""
+    async for output in outputs:
+        if output.finished:
+            state.metrics.record_request(adapter or state.model_name, output, tenant)
+        if output.error is not None:
+            if output.error.code == ADAPTER_UNAVAILABLE and adapter is not None:
+                await state.catalog.mark_failed(adapter, output.error.message)
+                raise AdapterUnavailableError(f"adapter {adapter!r} cannot be loaded: {output.error.message}")
+            if output.error.code == OVERLOADED:
+                raise OverloadedError(output.error.message, retry_after=output.error.retry_after or 1.0)
+            if output.error.code == TIMED_OUT:
+                raise RequestTimeoutError(f"the request timed out: {output.error.message}")
+            raise RequestFailedError(f"the request failed: {output.error.message}")
+        if output.finished and adapter is not None:
+            state.catalog.record_usage(adapter, len(output.prompt_token_ids), _num_generated(output))
+        yield output

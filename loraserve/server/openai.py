@@ -15,6 +15,7 @@ from loraserve.engine import RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundError, UnknownAdapterError
 from loraserve.registry import AdapterInfo
+from loraserve.server.auth import grant_of
 from loraserve.server.errors import stream_error_event
 from loraserve.server.generation import JSON_OR_EVENTS, Scheduling, fields_named, generate, resolve_adapter
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
@@ -33,7 +34,8 @@ async def list_models(request: Request) -> ModelList:
         ModelCard(id=info.name, created=int(info.created_at.timestamp()), parent=state.model_name)
         for info in state.catalog.ready
     ]
-    return ModelList(data=[base, *adapters])
+    grant = grant_of(request)  # a key limited to some models sees only those
+    return ModelList(data=[card for card in (base, *adapters) if grant.may_use(card.id)])
 
 
 @router.post("/v1/completions", response_model=None, responses=JSON_OR_EVENTS)

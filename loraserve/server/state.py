@@ -11,6 +11,7 @@ from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.server.catalog import AdapterCatalog
 from loraserve.server.metrics import Metrics
+from loraserve.server.tenants import Tenants
 
 
 @dataclass
@@ -18,6 +19,7 @@ class ServerState:
     engine: AsyncLLMEngine
     catalog: AdapterCatalog
     metrics: Metrics
+    tenants: Tenants
     config: ServerConfig
     admin_token: str  # always set: the configured one or one made at start
     model_name: str  # the id clients put in `model` for the base model

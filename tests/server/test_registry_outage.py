@@ -1,8 +1,9 @@
 """A registry database that hangs instead of refusing: inference goes on, admin calls answer 503 in time.
 
 The test's own PostgreSQL is stopped with SIGSTOP while eight admin reads are waiting on
-it; chats for the base model and for a loaded adapter still answer at once, /health at
-once, each admin read 503 within 20 s, and after SIGCONT everything recovers without a
+it; chats for the base model and for a loaded adapter (with an API key: checked without the
+database) still answer at once, /health at once, each admin read 503 within 20 s (the list
+of API keys answers from memory), and after SIGCONT everything recovers without a
 restart, the usage counted meanwhile included.
 """
 
@@ -35,17 +36,19 @@ def server_on_postgres(loaded_model, tmp_path, postgres) -> Iterator[RunningServ
     yield from start_server(loaded_model, tmp_path, db_url=postgres.url)
 
 
-def chat(server: RunningServer, model: str) -> tuple[int, float]:
+def chat(server: RunningServer, model: str, key: str) -> tuple[int, float]:
     body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
     started = time.monotonic()
-    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    auth = {"Authorization": f"Bearer {key}"}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=auth, timeout=30)
     return response.status_code, time.monotonic() - started
 
 
 def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_postgres, postgres):
     server = server_on_postgres
     assert upload(server, "pirate", peft_files(SAMPLES / "pirate")).status_code == 201
-    assert chat(server, "pirate")[0] == 200  # loaded
+    key = httpx.post(f"{server.url}/admin/keys", json={"name": "acme"}, headers=ADMIN).json()["key"]
+    assert chat(server, "pirate", key)[0] == 200  # loaded
     postgres.hang()
 
     answers: list[tuple[int, float]] = []
@@ -59,9 +62,11 @@ def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_po
     for reader in readers:
         reader.start()
     time.sleep(0.5)
-    for model in (MODEL, "pirate", "pirate"):
-        status, elapsed = chat(server, model)
+    for model in (MODEL, "pirate", "pirate"):  # API keys are checked without the database
+        status, elapsed = chat(server, model, key)
         assert status == 200 and elapsed < 5, (model, status, elapsed)
+    keys = httpx.get(f"{server.url}/admin/keys", headers=ADMIN, timeout=5)  # answered from memory
+    assert keys.status_code == 200 and [k["name"] for k in keys.json()["data"]] == ["acme"]
     started = time.monotonic()
     health = httpx.get(f"{server.url}/health", timeout=5)
     assert health.status_code == 200 and time.monotonic() - started < 1
@@ -69,6 +74,8 @@ def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_po
         reader.join(timeout=60)
     assert len(answers) == 8
     assert all(status == 503 and elapsed < 20 for status, elapsed in answers), answers
+    refused = httpx.post(f"{server.url}/admin/keys", json={"name": "beta"}, headers=ADMIN, timeout=60)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "registry_unavailable"
     health = httpx.get(f"{server.url}/health").json()
     assert (health["status"], health["engine"], health["registry"]) == ("degraded", "running", "unavailable")
     ready = httpx.get(f"{server.url}/ready")
@@ -81,6 +88,7 @@ def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_po
         time.sleep(0.2)
     assert httpx.get(f"{server.url}/health").json()["registry"] == "ok"
     assert upload(server, "robot", peft_files(SAMPLES / "robot")).status_code == 201
+    assert httpx.post(f"{server.url}/admin/keys", json={"name": "beta"}, headers=ADMIN).status_code == 201
     while True:  # the three pirate chats, counted while the database was away, are not lost
         record = httpx.get(f"{server.url}/admin/adapters/pirate", headers=ADMIN).json()
         if record["request_count"] == 3:

@@ -1,0 +1,116 @@
+"""Tenants' API keys in the registry: created with a weight and quotas, listed, revoked.
+
+A key is 256 random bits, shown once when created; the database keeps its SHA-256 (a slow
+password hash buys nothing against a key this long) and its first characters, so an admin
+can tell keys apart.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import secrets
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from loraserve.errors import ApiKeyExistsError, ApiKeyNotFoundError
+from loraserve.registry.adapter_name import validate_tenant_name
+from loraserve.registry.models import ApiKeyRow
+
+KEY_PREFIX = "lsk-"  # tells a loraserve key apart from other secrets (in logs, in secret scanners)
+SHOWN_PREFIX_CHARS = 10
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """What an admin asks for: the tenant's name, its fair-share weight and optional quotas."""
+
+    name: str
+    weight: float = 1.0
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt and generated tokens
+    allowed_models: tuple[str, ...] | None = None  # model ids (adapters, the base model); None: all
+
+
+@dataclass(frozen=True)
+class ApiKeyInfo:
+    """A stored key, without the key: immutable, safe to keep after its transaction."""
+
+    name: str
+    key_hash: str
+    key_prefix: str
+    weight: float
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    allowed_models: tuple[str, ...] | None
+    created_at: datetime  # UTC
+
+    @classmethod
+    def of(cls, row: ApiKeyRow) -> ApiKeyInfo:
+        allowed = None if row.allowed_models is None else tuple(json.loads(row.allowed_models))
+        return cls(
+            name=row.name,
+            key_hash=row.key_hash,
+            key_prefix=row.key_prefix,
+            weight=row.weight,
+            requests_per_minute=row.requests_per_minute,
+            tokens_per_minute=row.tokens_per_minute,
+            allowed_models=allowed,
+            created_at=row.created_at,
+        )
+
+
+class ApiKeys:
+    """The api_keys table, through the registry's sessions (`session(action)` turns failures into RegistryError)."""
+
+    def __init__(self, session: Callable[[str], AbstractContextManager[Session]]) -> None:
+        self._session = session
+
+    def create(self, spec: KeySpec) -> tuple[ApiKeyInfo, str]:
+        """Store a new key for `spec`; returns its record and the key itself, which is never stored."""
+        validate_tenant_name(spec.name)
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        allowed = None if spec.allowed_models is None else json.dumps(list(spec.allowed_models))
+        row = ApiKeyRow(
+            name=spec.name,
+            key_hash=hash_key(key),
+            key_prefix=key[:SHOWN_PREFIX_CHARS],
+            weight=spec.weight,
+            requests_per_minute=spec.requests_per_minute,
+            tokens_per_minute=spec.tokens_per_minute,
+            allowed_models=allowed,
+        )
+        with self._session(f"create API key {spec.name!r}") as session:
+            session.add(row)
+            try:
+                session.commit()
+            except IntegrityError as error:  # the name is unique (a hash collision of 256 random bits is not)
+                raise ApiKeyExistsError(spec.name) from error
+            return ApiKeyInfo.of(row), key
+
+    def list(self) -> builtins.list[ApiKeyInfo]:
+        """Every key, ordered by name."""
+        with self._session("list API keys") as session:
+            return [ApiKeyInfo.of(row) for row in session.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))]
+
+    def delete(self, name: str) -> ApiKeyInfo:
+        """Revoke the key of tenant `name`; raises ApiKeyNotFoundError."""
+        with self._session(f"revoke API key {name!r}") as session:
+            row = session.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
+            if row is None:
+                raise ApiKeyNotFoundError(name)
+            info = ApiKeyInfo.of(row)
+            session.delete(row)
+            session.commit()
+            return info

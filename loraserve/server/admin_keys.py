@@ -1,0 +1,77 @@
+"""Admin routes of tenants' API keys: create (the key is in this one answer), list, revoke.
+
+Listing answers from the server's memory, so it works while the registry is down;
+creating and revoking are registry writes (503 while it is down).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraserve.errors import InvalidRequestError
+from loraserve.registry import ApiKeyInfo, KeySpec
+from loraserve.registry.adapter_name import is_valid_name
+from loraserve.server.state import server_state
+
+router = APIRouter()
+
+MAX_WEIGHT = 1000.0
+MAX_ALLOWED_MODELS = 1000
+
+
+class KeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(max_length=128, description="the tenant's name: metrics and errors use it")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="its share of the engine against other tenants")
+    requests_per_minute: int | None = Field(None, ge=1, le=10**9)
+    tokens_per_minute: int | None = Field(None, ge=1, le=10**12, description="prompt and generated tokens")
+    allowed_models: list[str] | None = Field(
+        None, max_length=MAX_ALLOWED_MODELS, description="model ids it may use (adapters, the base model); null: all"
+    )
+
+
+@router.post("/admin/keys", status_code=201)
+async def create_key(body: KeyRequest, request: Request) -> JSONResponse:
+    allowed = body.allowed_models
+    if allowed is not None:
+        for index, model in enumerate(allowed):
+            if not is_valid_name(model):
+                raise InvalidRequestError(f"allowed_models.{index}", f"{model[:64]!r} is not a model id")
+    spec = KeySpec(
+        body.name,
+        body.weight,
+        body.requests_per_minute,
+        body.tokens_per_minute,
+        None if allowed is None else tuple(dict.fromkeys(allowed)),
+    )
+    record, key = await server_state(request).tenants.create(spec)
+    return JSONResponse({**key_record(record), "key": key}, status_code=201)
+
+
+@router.get("/admin/keys")
+async def list_keys(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [key_record(record) for record in server_state(request).tenants.records()]}
+
+
+@router.delete("/admin/keys/{name}")
+async def revoke_key(name: str, request: Request) -> dict[str, Any]:
+    record = await server_state(request).tenants.revoke(name)
+    return {"name": record.name, "deleted": True}
+
+
+def key_record(record: ApiKeyInfo) -> dict[str, Any]:
+    """A key's record as JSON: never the key, nor its hash."""
+    return {
+        "name": record.name,
+        "key_prefix": record.key_prefix,
+        "weight": record.weight,
+        "requests_per_minute": record.requests_per_minute,
+        "tokens_per_minute": record.tokens_per_minute,
+        "allowed_models": None if record.allowed_models is None else list(record.allowed_models),
+        "created_at": record.created_at.isoformat(),
+    }

@@ -1,0 +1,127 @@
+"""Who sends each inference request: the tenant of its API key, with its weight and quotas.
+
+Keys come from two places: `--api-key` on the command line (a tenant each, named
+"key-" + a hash of the key, weight 1, no quotas) and the admin API (stored hashed in the
+registry, api_keys.py). The server keeps them all in memory, so authenticating a request
+never touches the database: inference goes on while the registry is down. Once any key
+exists, inference needs one (or the admin token); requests with the admin token, or
+without a key while none exists, are the one unkeyed tenant. Every `refresh_seconds` the
+keys are read again, so a key made or revoked through another replica sharing the
+database takes effect here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from loraserve.engine.fair_share import UNKEYED, Tenant
+from loraserve.errors import LoraserveError, ModelNotAllowedError
+from loraserve.registry import ApiKeyInfo, KeySpec, Registry, hash_key
+from loraserve.server.quotas import Quota, Quotas
+from loraserve.server.registry_calls import RegistryCalls
+
+logger = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 10.0
+NO_QUOTA = Quota()
+
+
+@dataclass(frozen=True)
+class TenantKey:
+    """What one key grants: the tenant it serves, its quota and the models it may use (None: all)."""
+
+    tenant: Tenant
+    quota: Quota = NO_QUOTA
+    allowed_models: frozenset[str] | None = None
+    record: ApiKeyInfo | None = None  # None for --api-key keys
+
+    @classmethod
+    def of(cls, record: ApiKeyInfo) -> TenantKey:
+        allowed = None if record.allowed_models is None else frozenset(record.allowed_models)
+        return cls(
+            Tenant(record.name, record.weight),
+            Quota(record.requests_per_minute, record.tokens_per_minute),
+            allowed,
+            record,
+        )
+
+    def may_use(self, model: str) -> bool:
+        return self.allowed_models is None or model in self.allowed_models
+
+
+UNKEYED_ACCESS = TenantKey(UNKEYED)
+
+
+class Tenants:
+    """Every key, by hash; owns the quotas' buckets. Changed only on the server's event loop."""
+
+    def __init__(self, registry: Registry, calls: RegistryCalls, command_line_keys: frozenset[str]) -> None:
+        self._registry = registry
+        self._calls = calls
+        self._command_line = {
+            hash_key(key): TenantKey(Tenant("key-" + hash_key(key)[:12])) for key in command_line_keys
+        }
+        self._stored: dict[str, TenantKey] = {}  # by key hash: the admin API's keys
+        self._changes = 0  # bumped by each change made here, so a refresh read before it is not applied
+        self.quotas = Quotas()
+
+    @property
+    def keys_required(self) -> bool:
+        return bool(self._command_line or self._stored)
+
+    def load(self) -> None:
+        """Read the stored keys (at start, before serving; RegistryError if the database fails)."""
+        self._replace(self._registry.keys.list())
+
+    def key_of(self, key: str) -> TenantKey | None:
+        """The grant of bearer `key`, or None for an unknown key."""
+        digest = hash_key(key)
+        return self._command_line.get(digest) or self._stored.get(digest)
+
+    def records(self) -> list[ApiKeyInfo]:
+        """The stored keys (without the keys), by name, as this server knows them: no database needed."""
+        return sorted((grant.record for grant in self._stored.values() if grant.record), key=lambda r: r.name)
+
+    async def create(self, spec: KeySpec) -> tuple[ApiKeyInfo, str]:
+        record, key = await self._calls(f"create API key {spec.name!r}", self._registry.keys.create, spec)
+        self._stored[record.key_hash] = TenantKey.of(record)
+        self._changes += 1
+        return record, key
+
+    async def revoke(self, name: str) -> ApiKeyInfo:
+        """Delete the key: from now on it is refused (requests it started run to their end)."""
+        record = await self._calls(f"revoke API key {name!r}", self._registry.keys.delete, name)
+        self._stored.pop(record.key_hash, None)
+        self.quotas.forget(name)
+        self._changes += 1
+        return record
+
+    def admit(self, grant: TenantKey, model: str) -> None:
+        """Before a request starts: 403 for a model the key may not use, 429 past its quota."""
+        if not grant.may_use(model):
+            raise ModelNotAllowedError(f"this API key may not use model {model!r}")
+        self.quotas.admit(grant.tenant.name, grant.quota)
+
+    def charge(self, grant: TenantKey, tokens: int) -> None:
+        self.quotas.charge_tokens(grant.tenant.name, grant.quota, tokens)
+
+    async def refresh_forever(self, seconds: float = REFRESH_SECONDS) -> None:
+        """Pick up keys made or revoked by other replicas; a failed read keeps what is known."""
+        while True:
+            await asyncio.sleep(seconds)
+            changes = self._changes
+            try:
+                records = await self._calls("list API keys", self._registry.keys.list)
+            except LoraserveError as error:
+                logger.debug("API keys not refreshed: %s", error)
+                continue
+            if changes == self._changes:  # else a change made meanwhile might be missing from `records`
+                self._replace(records)
+
+    def _replace(self, records: list[ApiKeyInfo]) -> None:
+        stored = {record.key_hash: TenantKey.of(record) for record in records}
+        for gone in {grant.tenant.name for grant in self._stored.values()} - {r.name for r in records}:
+            self.quotas.forget(gone)
+        self._stored = stored

@@ -5,8 +5,9 @@ Past capacity, admitting everything makes every token slow and every first token
 With targets set, the scheduler runs at most `running_cap` sequences: the most whose decode
 step the learnt costs (step_costs.py) put within TPOT_HEADROOM of the TPOT target, leaving
 room for the prompt chunks computed in the same steps. A new request's first-token delay is
-predicted from what is ahead of it: the waiting requests of its priority or better (their
-prompts to compute), and, when the batch is full, the running sequences that must finish to
+predicted from what is ahead of it: the waiting requests that would start before it (their
+prompts to compute; fair share puts only some of other tenants' queues ahead,
+`admitted_before`), and, when the batch is full, the running sequences that must finish to
 make room (their expected remaining tokens, at the current step time). A request predicted
 past TTFT_HEADROOM of the target is refused at once (OverloadedError: 503 with Retry-After),
 before any token is computed, so admitted streams keep their SLO and the client can go
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from loraserve.config import SchedulerConfig
+from loraserve.engine.fair_share import Tenant
 from loraserve.engine.sequence import Request, Sequence
 from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
@@ -53,7 +55,7 @@ class Admission:
 
     def first_token_delay(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> float:
         """Predicted seconds from now to `request`'s first token, were it queued now."""
-        ahead = [seq for seq in waiting if seq.request.priority <= request.priority]
+        ahead = admitted_before(request, waiting)
         prompt_tokens = sum(seq.num_uncomputed_tokens for seq in ahead) + len(request.prompt_token_ids)
         cap = self.running_cap
         step = self.costs.step_seconds(min(len(running) + 1, cap))
@@ -99,3 +101,24 @@ class Admission:
                 yield request
                 continue
             ahead.append(seq)
+
+
+def admitted_before(request: Request, waiting: Iterable[Sequence]) -> list[Sequence]:
+    """The waiting sequences that would start before `request` (the scheduler's admission order):
+    those started before (preempted) or of better priority; of its priority, its own tenant's, and
+    of each other tenant as many as fair share admits while `request`'s tenant takes its turns
+    (by weight; the counters' differences, at most about a request, are left out). So a tenant
+    flooding the queue delays its own requests, not another tenant's predicted start."""
+    first: list[Sequence] = []
+    queues: dict[Tenant, list[Sequence]] = {}
+    for seq in waiting:
+        other = seq.request
+        if other.first_scheduled_time is not None or other.priority < request.priority:
+            first.append(seq)
+        elif other.priority == request.priority:
+            queues.setdefault(other.tenant, []).append(seq)
+    own = queues.pop(request.tenant, [])
+    turns = len(own) + 1
+    weight = request.tenant.weight
+    others = [seq for tenant, seqs in queues.items() for seq in seqs[: math.ceil(turns * tenant.weight / weight)]]
+    return first + own + others

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loraserve.engine.fair_share import Tenant
 from loraserve.engine.outputs import OVERLOADED, TIMED_OUT
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, SequenceStatus
@@ -114,3 +115,26 @@ def test_a_queued_request_whose_wait_grows_past_the_ttft_target_is_refused_befor
     assert queued.first_scheduled_time is None, "refused before any token was computed for it"
     assert scheduler.admission.num_refused_late == 1
     assert running.seqs[0].status is SequenceStatus.RUNNING, "a started request is never refused"
+
+
+def test_a_flooding_tenants_queue_refuses_its_own_requests_not_another_tenants(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, ttft_slo=0.5, tpot_slo=0.025)
+    scheduler.clock = lambda: 0.0
+    taught(scheduler.costs, prompts=False)
+    flooder, polite = Tenant("flooder"), Tenant("polite")
+
+    def send(tenant: Tenant, request_id: str) -> Request:
+        params = SamplingParams(max_tokens=64, temperature=0.0)
+        request = Request(request_id, None, [100] * 8, params, arrival_time=0.0, tenant=tenant)
+        scheduler.add_request(request)
+        return request
+
+    admitted = 0
+    with pytest.raises(OverloadedError):  # the flooder fills the batch and queues until its requests would be late
+        for i in range(100):
+            send(flooder, f"flood-{i}")
+            admitted += 1
+    assert admitted > scheduler.admission.running_cap
+    send(polite, "polite-0")  # fair share starts it at the next free slot: predicted in time
+    with pytest.raises(OverloadedError):
+        send(flooder, "flood-late")

@@ -300,9 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     bench = commands.add_parser(
         "bench",
         help="compare with the peers on this machine: offline (vs transformers+peft, vLLM-CPU) or online (HTTP)",
-        description="loraserve bench offline|online [options]; `loraserve bench offline -h` lists the options.",
+        description="loraserve bench offline|online|soak [options]; `loraserve bench offline -h` lists the options.",
     )
-    bench.add_argument("kind", choices=["offline", "online"])
+    bench.add_argument("kind", choices=["offline", "online", "soak"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="passed to benchmarks/<kind>.py")
     bench.set_defaults(run=_bench)
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from loraserve.config import SchedulerConfig
-from loraserve.engine.fair_share import Tenant
+from loraserve.engine.fair_share import FairShare, Tenant
 from loraserve.engine.sequence import Request, Sequence
 from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
@@ -41,6 +41,7 @@ class Admission:
 
     config: SchedulerConfig
     costs: StepCosts
+    fair_share: FairShare
     num_admitted: int = 0
     num_refused: int = 0
     num_refused_late: int = 0  # of those admitted, refused before their first step (`late_requests`)
@@ -55,13 +56,14 @@ class Admission:
 
     def first_token_delay(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> float:
         """Predicted seconds from now to `request`'s first token, were it queued now."""
-        ahead = admitted_before(request, waiting)
+        waiting = list(waiting)
+        ahead = admitted_before(request, waiting, self.fair_share)
         prompt_tokens = sum(seq.num_uncomputed_tokens for seq in ahead) + len(request.prompt_token_ids)
         cap = self.running_cap
         step = self.costs.step_seconds(min(len(running) + 1, cap))
         slots_needed = len(ahead) + 1 - (cap - len(running))
         wait = 0.0
-        if slots_needed > 0:
+        if slots_needed > 0 and not within_share(request.tenant, cap, running, waiting):
             remaining = sorted(
                 max(1.0, self.costs.expected_output_tokens(seq.params.max_tokens) - seq.num_output_tokens)
                 for seq in running
@@ -103,22 +105,35 @@ class Admission:
             ahead.append(seq)
 
 
-def admitted_before(request: Request, waiting: Iterable[Sequence]) -> list[Sequence]:
+def admitted_before(request: Request, waiting: Iterable[Sequence], fair_share: FairShare) -> list[Sequence]:
     """The waiting sequences that would start before `request` (the scheduler's admission order):
-    those started before (preempted) or of better priority; of its priority, its own tenant's, and
-    of each other tenant as many as fair share admits while `request`'s tenant takes its turns
-    (by weight; the counters' differences, at most about a request, are left out). So a tenant
-    flooding the queue delays its own requests, not another tenant's predicted start."""
+    those of better priority; of its priority, its own tenant's, and of each other tenant as many
+    as fair share admits while `request`'s tenant takes its turns: turns in proportion to the
+    weights, one fewer for a tenant already served more (its counter higher). So a tenant
+    flooding the queue delays its own requests, not another tenant's."""
     first: list[Sequence] = []
     queues: dict[Tenant, list[Sequence]] = {}
     for seq in waiting:
         other = seq.request
-        if other.first_scheduled_time is not None or other.priority < request.priority:
+        if other.priority < request.priority:
             first.append(seq)
         elif other.priority == request.priority:
             queues.setdefault(other.tenant, []).append(seq)
-    own = queues.pop(request.tenant, [])
+    tenant = request.tenant
+    own = queues.pop(tenant, [])
     turns = len(own) + 1
-    weight = request.tenant.weight
-    others = [seq for tenant, seqs in queues.items() for seq in seqs[: math.ceil(turns * tenant.weight / weight)]]
+    others = []
+    for other_tenant, seqs in queues.items():
+        behind = fair_share.counter(other_tenant) > fair_share.counter(tenant)
+        others += seqs[: max(0, math.ceil(turns * other_tenant.weight / tenant.weight) - behind)]
     return first + own + others
+
+
+def within_share(tenant: Tenant, cap: int, running: list[Sequence], waiting: list[Sequence]) -> bool:
+    """Whether one more sequence of `tenant` stays within its share of the `cap` slots (by weight,
+    among the tenants running or waiting): the scheduler then gives it a slot at once, taken from
+    a tenant over its share (Scheduler._yield_to_fair_share), instead of waiting for one to end."""
+    seqs = [*running, *waiting]
+    total_weight = sum(other.weight for other in {seq.request.tenant for seq in seqs} | {tenant})
+    own = sum(seq.request.tenant == tenant for seq in seqs)
+    return own + 1 <= cap * tenant.weight / total_weight

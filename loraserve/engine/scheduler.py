@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -58,6 +58,8 @@ class AdapterResidency(Protocol):
 
     def drain_candidate(self) -> str | None: ...  # the resident adapter to free a slot from
 
+    def residency(self, name: str) -> str: ...  # "device" when in a slot
+
 
 class Scheduler:
     """Owns the waiting and running queues and every sequence's status."""
@@ -78,6 +80,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
+        self.num_fair_share_preemptions = 0  # of those, to give a tenant under its share a slot
         self.prefix_cache_queried_tokens = 0  # tokens of the sequences admitted
         self.prefix_cache_hit_tokens = 0  # of those, found in the prefix cache
         self._seq_ids = itertools.count()
@@ -87,7 +90,7 @@ class Scheduler:
         self._draining: str | None = None  # admits no new sequence until drained (see the module doc)
         self.fair_share = FairShare()
         self.costs = StepCosts()  # the engine reports each step's time
-        self.admission = Admission(config, self.costs)
+        self.admission = Admission(config, self.costs, self.fair_share)
         self.num_timed_out = 0
 
     def add_request(self, request: Request) -> None:
@@ -124,6 +127,7 @@ class Scheduler:
         self._refuse_late()
         budget = self.config.max_num_batched_tokens
         max_running = self.admission.running_cap
+        self._yield_to_fair_share(max_running)
         chosen: list[tuple[Sequence, int]] = []
         copies: list[BlockCopy] = []
         # Decodes first: a long prompt chunk must not hold back the token of every other user.
@@ -215,15 +219,17 @@ class Scheduler:
         return num_new
 
     def _admission_order(self) -> Iterator[Sequence]:
-        """The waiting sequences in the order to admit them: preempted ones first (they held their place),
-        then by priority, then the tenant with the lowest fair-share counter, charged as they are admitted."""
+        """The waiting sequences in the order to admit them: by priority, then the tenant with the lowest
+        fair-share counter (charged as they are admitted; a tie, as a newcomer has, goes to the one with
+        fewer running); in each tenant's queue, its preempted ones first (they held their place), then
+        first come, first served."""
         queues: dict[Tenant, deque[Sequence]] = {}
         for seq in self.waiting:  # each tenant's own queue keeps the waiting order
             queues.setdefault(seq.request.tenant, deque()).append(seq)
+        running = Counter(seq.request.tenant for seq in self.running)
 
-        def head_key(tenant: Tenant) -> tuple[bool, int, float]:
-            request = queues[tenant][0].request
-            return request.first_scheduled_time is None, request.priority, self.fair_share.counter(tenant)
+        def head_key(tenant: Tenant) -> tuple[int, float, int]:
+            return queues[tenant][0].request.priority, self.fair_share.counter(tenant), running[tenant]
 
         while queues:
             tenant = min(queues, key=head_key)
@@ -231,6 +237,40 @@ class Scheduler:
             if not queues[tenant]:
                 del queues[tenant]
             yield seq
+
+    def _yield_to_fair_share(self, max_running: int) -> None:
+        """With the batch full, a tenant waiting with fewer running sequences than its share of the
+        slots (by weight, among the tenants running or waiting) takes one from the tenant furthest
+        over its share, whose newest sequence goes back to waiting, to be recomputed (its prompt's
+        blocks mostly stay in the prefix cache). Otherwise a newcomer waits for a sequence to end:
+        a whole generation when a flood filled the batch at once. Only sequences that can start at
+        once (no adapter to load first) take a slot so."""
+        if len(self.running) < max_running:
+            return
+        running = Counter(seq.request.tenant for seq in self.running)
+        startable = Counter(
+            seq.request.tenant
+            for seq in self.waiting
+            if seq.request not in self._failing
+            and (seq.request.adapter is None or self.adapters.residency(seq.request.adapter) == "device")
+        )
+        tenants = running.keys() | startable.keys()
+        total_weight = sum(tenant.weight for tenant in tenants)
+
+        def excess(tenant: Tenant) -> float:
+            return running[tenant] - max_running * tenant.weight / total_weight
+
+        for tenant in sorted(startable, key=self.fair_share.counter):
+            for _ in range(startable[tenant]):
+                over = max(running, key=excess)
+                if excess(tenant) + 1 > 0 or excess(over) < 1:
+                    break  # one more would put it past its share, or no one holds more than theirs
+                victim = next(seq for seq in reversed(self.running) if seq.request.tenant == over)
+                self.running.remove(victim)
+                self._preempt(victim)
+                self.num_fair_share_preemptions += 1
+                running[over] -= 1
+                running[tenant] += 1  # the slot is its to take in this step's admission
 
     def _drop_expired(self) -> None:
         """Requests still waiting for their start past their deadline end (after the step) with TIMED_OUT."""

@@ -7,6 +7,10 @@ from fastapi import FastAPI
 
 from loraserve.engine.async_engine import AsyncLLMEngine
 
+# Longer than client pools keep an idle connection (httpx and the OpenAI SDK 5 s, aiohttp 15 s):
+# were the server to close one first, a request sent on it at that moment fails (ReadError).
+KEEP_ALIVE_SECONDS = 75
+
 
 def run_server(
     app: FastAPI, engine: AsyncLLMEngine, host: str, port: int, exit_on_engine_death: bool, drain_timeout: int
@@ -20,7 +24,14 @@ def run_server(
     A server whose engine has died answers nothing useful: exiting non-zero lets systemd,
     Kubernetes or Ray start a fresh one. Without it the server stays up and /health says 503.
     """
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=drain_timeout)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=drain_timeout,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )
     server = uvicorn.Server(config)
     if exit_on_engine_death:
         engine.on_death = lambda _: setattr(server, "should_exit", True)  # uvicorn looks every 0.1 s

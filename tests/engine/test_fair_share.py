@@ -77,3 +77,33 @@ def test_a_tenant_back_from_idle_starts_at_the_lowest_active_counter():
     heavy = Tenant("c", weight=4.0)
     share.charge(heavy, prompt_tokens=400)
     assert share.counter(heavy) == 100
+
+
+def test_a_tenant_under_its_share_takes_a_slot_from_a_full_batch_at_once(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=4)
+    flood = [queue(scheduler, f"a{i}", A, max_tokens=40) for i in range(8)]
+    for _ in range(3):
+        step(scheduler)
+    assert {seq.request.request_id for seq in scheduler.running} == {"a0", "a1", "a2", "a3"}
+    polite = queue(scheduler, "b0", B, max_tokens=4)
+    step(scheduler)  # not after a flood request's 40 tokens: the next step
+    assert polite.first_scheduled_time is not None
+    assert scheduler.num_fair_share_preemptions == 1 and flood[3].seqs[0] in scheduler.waiting, "the newest yields"
+    for _ in range(8):
+        step(scheduler)
+    assert polite.is_finished and scheduler.num_fair_share_preemptions == 1, "B within its share takes no more"
+    while scheduler.has_unfinished():
+        step(scheduler)
+    assert all(len(r.seqs[0].token_ids) - r.seqs[0].num_prompt_tokens == 40 for r in flood), "recomputed, not lost"
+
+
+def test_no_slot_is_taken_while_every_tenant_holds_its_share(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=4)
+    for i in range(2):
+        queue(scheduler, f"a{i}", A, max_tokens=40)
+        queue(scheduler, f"b{i}", B, max_tokens=40)
+    step(scheduler)
+    queue(scheduler, "b-more", B, max_tokens=4)  # B has its 2 of 4 slots: it waits like anyone
+    for _ in range(5):
+        step(scheduler)
+    assert scheduler.num_fair_share_preemptions == 0

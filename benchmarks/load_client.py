@@ -114,7 +114,8 @@ def percentile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[min(98, max(0, round(q) - 1))]
 
 
-async def _send(client: httpx.AsyncClient, request: Request, start: float) -> RequestResult:
+async def send_request(client: httpx.AsyncClient, request: Request, start: float) -> RequestResult:
+    """Wait for the request's time, then stream it through `client` (its headers: the API key, if any)."""
     await asyncio.sleep(max(0.0, start + request.at - time.perf_counter()))
     result = RequestResult(sent=time.perf_counter())
     body = {
@@ -155,7 +156,7 @@ async def _run(url: str, requests: Sequence[Request]) -> tuple[list[RequestResul
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None), limits=limits) as client:
         start = time.perf_counter()
-        results = await asyncio.gather(*(_send(client, r, start) for r in requests))
+        results = await asyncio.gather(*(send_request(client, r, start) for r in requests))
         return list(results), time.perf_counter() - start
 
 

@@ -78,3 +78,16 @@ def latency_cdfs(series: Mapping[str, Mapping[str, Sequence[float]]], path: Path
         ax.legend(fontsize=8)
     fig.suptitle(f"Latency distributions\n{subtitle}", fontsize=10)
     _save(fig, path)
+
+
+def memory_over_time(samples: Sequence[tuple[float, float]], path: Path, subtitle: str) -> None:
+    """Resident memory (MiB) against minutes since the start, from (seconds, bytes) samples."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot([t / 60 for t, _ in samples], [b / 2**20 for _, b in samples], linewidth=1.2)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("server RSS (MiB)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Server memory during the soak run\n{subtitle}", fontsize=10)
+    ax.grid(alpha=0.3)
+    _save(fig, path)

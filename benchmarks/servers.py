@@ -36,6 +36,8 @@ class ServerSettings:
 class RunningServer:
     url: str
     base_model: str  # the `model` a request for the base model names
+    admin_token: str = ""  # loraserve's, when this harness started it
+    pid: int = 0  # of the process this harness started (the leader of its process group); 0: none
 
 
 class ServerFailed(RuntimeError):
@@ -115,7 +117,7 @@ def serve(
                 admin.upload(path.name, path, None, None)
                 if i % 32 == 0 or i == len(settings.adapters):
                     print(f"loraserve: uploaded {i}/{len(settings.adapters)} adapters", flush=True)
-        yield RunningServer(url, base_model)
+        yield RunningServer(url, base_model, token, process.pid)
     finally:
         _stop(process)
 

@@ -122,7 +122,7 @@ async def churn(server: RunningServer, key: str, spare: list[Path], every: float
                     soak.failures.append(f"{name}: HTTP {answer.status_code} {answer.text[:200]}")
                 await asyncio.to_thread(admin.delete, name)
                 soak.churned += 1
-            except Exception as error:  # noqa: BLE001 - every failure is reported, none stops the run
+            except Exception as error:  # every failure is reported, none stops the run
                 soak.failures.append(f"{name}: {type(error).__name__}: {error}")
 
 

@@ -169,7 +169,7 @@ async def soak_run(base: BaseModel, server: RunningServer, args: argparse.Namesp
     admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"})
     keys = {}
     for load in loads:
-        answer = admin.post("/admin/keys", json={"name": load.name, "requests_per_minute": load.requests_per_minute})
+        answer = admin.post("/admin/keys", json={"tenant": load.name, "requests_per_minute": load.requests_per_minute})
         answer.raise_for_status()
         keys[load.name] = answer.json()["key"]
     models = [server.base_model, *(f"adapter-{i}" for i in range(args.adapters))]
@@ -187,7 +187,7 @@ async def soak_run(base: BaseModel, server: RunningServer, args: argparse.Namesp
         disconnect(server, keys["steady-b"], models[-1], until, soak),
         watch(server, time.monotonic(), until, soak),
     ]
-    *answers, _, _, _ = await asyncio.gather(*tenants.values(), *background)
+    answers, _ = await asyncio.gather(asyncio.gather(*tenants.values()), asyncio.gather(*background))
     soak.results = dict(zip(tenants, answers, strict=True))
     soak.memory.append((time.monotonic() - (until - seconds), process_group_rss(server.pid)))
     return soak

@@ -126,18 +126,11 @@ class ModelNotAllowedError(LoraserveError):
     """The request's API key may not use the model it names (403 on the wire)."""
 
 
-class ApiKeyExistsError(LoraserveError):
-    """A key of that tenant name exists already (409 on the wire)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"an API key named {name!r} exists; revoke it first or choose another name")
-
-
 class ApiKeyNotFoundError(LoraserveError, LookupError):
-    """No API key of that tenant name (404 on the wire)."""
+    """No API key of that id (404 on the wire)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no API key named {name!r}")
+    def __init__(self, key_id: int) -> None:
+        super().__init__(f"no API key with id {key_id}")
 
 
 class RequestTimeoutError(LoraserveError):

@@ -22,9 +22,9 @@ def validate_adapter_name(name: str) -> None:
 
 
 def validate_tenant_name(name: str) -> None:
-    """Raise InvalidRequestError("name", ...) unless `name` is valid and not one the server gives itself:
+    """Raise InvalidRequestError("tenant", ...) unless `name` is valid and not one the server gives itself:
     "unkeyed" (requests without a key) and "key-..." (the --api-key keys)."""
     if not is_valid_name(name):
-        raise InvalidRequestError("name", f"{name[:64]!r} is not a valid tenant name: {_RULE}")
+        raise InvalidRequestError("tenant", f"{name[:64]!r} is not a valid tenant name: {_RULE}")
     if name == "unkeyed" or name.startswith("key-"):
-        raise InvalidRequestError("name", f"{name!r} is reserved (unkeyed traffic and --api-key keys); choose another")
+        raise InvalidRequestError("tenant", f"{name!r} is reserved (unkeyed traffic, --api-key keys); choose another")

@@ -2,7 +2,8 @@
 
 A key is 256 random bits, shown once when created; the database keeps its SHA-256 (a slow
 password hash buys nothing against a key this long) and its first characters, so an admin
-can tell keys apart.
+can tell keys apart. A tenant may hold several keys (to rotate one without downtime); its
+keys share its fair-share weight.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from loraserve.errors import ApiKeyExistsError, ApiKeyNotFoundError
+from loraserve.errors import ApiKeyNotFoundError
 from loraserve.registry.adapter_name import validate_tenant_name
 from loraserve.registry.models import ApiKeyRow
 
@@ -34,9 +34,9 @@ def hash_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class KeySpec:
-    """What an admin asks for: the tenant's name, its fair-share weight and optional quotas."""
+    """What an admin asks for: whose key, the tenant's fair-share weight and the key's quotas."""
 
-    name: str
+    tenant: str
     weight: float = 1.0
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None  # prompt and generated tokens
@@ -47,7 +47,8 @@ class KeySpec:
 class ApiKeyInfo:
     """A stored key, without the key: immutable, safe to keep after its transaction."""
 
-    name: str
+    id: int
+    tenant: str
     key_hash: str
     key_prefix: str
     weight: float
@@ -60,7 +61,8 @@ class ApiKeyInfo:
     def of(cls, row: ApiKeyRow) -> ApiKeyInfo:
         allowed = None if row.allowed_models is None else tuple(json.loads(row.allowed_models))
         return cls(
-            name=row.name,
+            id=row.id,
+            tenant=row.tenant,
             key_hash=row.key_hash,
             key_prefix=row.key_prefix,
             weight=row.weight,
@@ -79,11 +81,11 @@ class ApiKeys:
 
     def create(self, spec: KeySpec) -> tuple[ApiKeyInfo, str]:
         """Store a new key for `spec`; returns its record and the key itself, which is never stored."""
-        validate_tenant_name(spec.name)
+        validate_tenant_name(spec.tenant)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         allowed = None if spec.allowed_models is None else json.dumps(list(spec.allowed_models))
         row = ApiKeyRow(
-            name=spec.name,
+            tenant=spec.tenant,
             key_hash=hash_key(key),
             key_prefix=key[:SHOWN_PREFIX_CHARS],
             weight=spec.weight,
@@ -91,25 +93,23 @@ class ApiKeys:
             tokens_per_minute=spec.tokens_per_minute,
             allowed_models=allowed,
         )
-        with self._session(f"create API key {spec.name!r}") as session:
+        with self._session(f"create an API key of tenant {spec.tenant!r}") as session:
             session.add(row)
-            try:
-                session.commit()
-            except IntegrityError as error:  # the name is unique (a hash collision of 256 random bits is not)
-                raise ApiKeyExistsError(spec.name) from error
+            session.commit()
             return ApiKeyInfo.of(row), key
 
     def list(self) -> builtins.list[ApiKeyInfo]:
-        """Every key, ordered by name."""
+        """Every key, by tenant, oldest first."""
         with self._session("list API keys") as session:
-            return [ApiKeyInfo.of(row) for row in session.scalars(select(ApiKeyRow).order_by(ApiKeyRow.name))]
+            rows = session.scalars(select(ApiKeyRow).order_by(ApiKeyRow.tenant, ApiKeyRow.id))
+            return [ApiKeyInfo.of(row) for row in rows]
 
-    def delete(self, name: str) -> ApiKeyInfo:
-        """Revoke the key of tenant `name`; raises ApiKeyNotFoundError."""
-        with self._session(f"revoke API key {name!r}") as session:
-            row = session.scalar(select(ApiKeyRow).where(ApiKeyRow.name == name))
+    def delete(self, key_id: int) -> ApiKeyInfo:
+        """Revoke key `key_id`; raises ApiKeyNotFoundError."""
+        with self._session(f"revoke API key {key_id}") as session:
+            row = session.get(ApiKeyRow, key_id)
             if row is None:
-                raise ApiKeyNotFoundError(name)
+                raise ApiKeyNotFoundError(key_id)
             info = ApiKeyInfo.of(row)
             session.delete(row)
             session.commit()

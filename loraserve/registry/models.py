@@ -75,14 +75,15 @@ class AdapterRow(Base):
 
 
 class ApiKeyRow(Base):
-    """One tenant's inference key, created through the admin API. Only the key's SHA-256 is stored
-    (the key is 256 random bits: a fast hash is enough); `key_prefix` lets an admin tell keys apart."""
+    """An inference key, created through the admin API for a tenant (one may have several: rotation).
+    Only the key's SHA-256 is stored (the key is 256 random bits: a fast hash is enough);
+    `key_prefix` lets an admin tell keys apart."""
 
     __tablename__ = "api_keys"
     __table_args__ = (CheckConstraint("weight > 0", name="ck_api_keys_weight"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(128), unique=True, index=True)  # the tenant's name
+    tenant: Mapped[str] = mapped_column(String(128), index=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
     key_prefix: Mapped[str] = mapped_column(String(16))
     weight: Mapped[float] = mapped_column(Float)

@@ -6,9 +6,9 @@ creating and revoking are registry writes (503 while it is down).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,13 +21,14 @@ router = APIRouter()
 
 MAX_WEIGHT = 1000.0
 MAX_ALLOWED_MODELS = 1000
+MAX_KEY_ID = 2**31 - 1  # the id column's range
 
 
 class KeyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    name: str = Field(max_length=128, description="the tenant's name: metrics and errors use it")
-    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="its share of the engine against other tenants")
+    tenant: str = Field(max_length=128, description="whose key: metrics use the name; a tenant may hold several")
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="the tenant's share of the engine against others")
     requests_per_minute: int | None = Field(None, ge=1, le=10**9)
     tokens_per_minute: int | None = Field(None, ge=1, le=10**12, description="prompt and generated tokens")
     allowed_models: list[str] | None = Field(
@@ -43,7 +44,7 @@ async def create_key(body: KeyRequest, request: Request) -> JSONResponse:
             if not is_valid_name(model):
                 raise InvalidRequestError(f"allowed_models.{index}", f"{model[:64]!r} is not a model id")
     spec = KeySpec(
-        body.name,
+        body.tenant,
         body.weight,
         body.requests_per_minute,
         body.tokens_per_minute,
@@ -58,16 +59,17 @@ async def list_keys(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [key_record(record) for record in server_state(request).tenants.records()]}
 
 
-@router.delete("/admin/keys/{name}")
-async def revoke_key(name: str, request: Request) -> dict[str, Any]:
-    record = await server_state(request).tenants.revoke(name)
-    return {"name": record.name, "deleted": True}
+@router.delete("/admin/keys/{key_id}")
+async def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_KEY_ID)], request: Request) -> dict[str, Any]:
+    record = await server_state(request).tenants.revoke(key_id)
+    return {"id": record.id, "tenant": record.tenant, "deleted": True}
 
 
 def key_record(record: ApiKeyInfo) -> dict[str, Any]:
     """A key's record as JSON: never the key, nor its hash."""
     return {
-        "name": record.name,
+        "id": record.id,
+        "tenant": record.tenant,
         "key_prefix": record.key_prefix,
         "weight": record.weight,
         "requests_per_minute": record.requests_per_minute,

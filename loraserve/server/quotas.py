@@ -44,50 +44,50 @@ class Quota:
 
 @dataclass
 class Quotas:
-    """The buckets of every tenant with a quota, by tenant name."""
+    """The buckets of every key with a quota, by owner (the key's name for it)."""
 
     clock: Callable[[], float] = time.monotonic
     _requests: dict[str, Bucket] = field(default_factory=dict)
     _tokens: dict[str, Bucket] = field(default_factory=dict)
 
-    def admit(self, tenant: str, quota: Quota) -> None:
-        """Take one request from `tenant`'s allowance; QuotaExceededError (with when to retry) if none is left."""
+    def admit(self, owner: str, quota: Quota) -> None:
+        """Take one request from `owner`'s allowance; QuotaExceededError (with when to retry) if none is left."""
         now = self.clock()
-        tokens = self._bucket(self._tokens, tenant, quota.tokens_per_minute, now)
+        tokens = self._bucket(self._tokens, owner, quota.tokens_per_minute, now)
         if tokens is not None and tokens.level <= 0:
             raise QuotaExceededError(
                 "tokens_per_minute",
-                f"tenant {tenant!r} has used its {quota.tokens_per_minute} tokens per minute; retry later",
+                f"this API key has used its {quota.tokens_per_minute} tokens per minute; retry later",
                 retry_after=tokens.seconds_until(1),
             )
-        requests = self._bucket(self._requests, tenant, quota.requests_per_minute, now)
+        requests = self._bucket(self._requests, owner, quota.requests_per_minute, now)
         if requests is not None:
             if requests.level < 1:
                 raise QuotaExceededError(
                     "requests_per_minute",
-                    f"tenant {tenant!r} has used its {quota.requests_per_minute} requests per minute; retry later",
+                    f"this API key has used its {quota.requests_per_minute} requests per minute; retry later",
                     retry_after=requests.seconds_until(1),
                 )
             requests.level -= 1
 
-    def charge_tokens(self, tenant: str, quota: Quota, tokens: int) -> None:
-        """Count the prompt and generated tokens of a request of `tenant` that ended."""
-        bucket = self._bucket(self._tokens, tenant, quota.tokens_per_minute, self.clock())
+    def charge_tokens(self, owner: str, quota: Quota, tokens: int) -> None:
+        """Count the prompt and generated tokens of a request of `owner` that ended."""
+        bucket = self._bucket(self._tokens, owner, quota.tokens_per_minute, self.clock())
         if bucket is not None:
             bucket.level -= tokens
 
-    def forget(self, tenant: str) -> None:
-        """Drop the buckets of a tenant whose key was revoked."""
-        self._requests.pop(tenant, None)
-        self._tokens.pop(tenant, None)
+    def forget(self, owner: str) -> None:
+        """Drop the buckets of a revoked key."""
+        self._requests.pop(owner, None)
+        self._tokens.pop(owner, None)
 
     @staticmethod
-    def _bucket(buckets: dict[str, Bucket], tenant: str, per_minute: int | None, now: float) -> Bucket | None:
+    def _bucket(buckets: dict[str, Bucket], owner: str, per_minute: int | None, now: float) -> Bucket | None:
         if per_minute is None:
-            buckets.pop(tenant, None)
+            buckets.pop(owner, None)
             return None
-        bucket = buckets.get(tenant)
-        if bucket is None or bucket.per_minute != per_minute:
-            bucket = buckets[tenant] = Bucket.full(per_minute, now)
+        bucket = buckets.get(owner)
+        if bucket is None:
+            bucket = buckets[owner] = Bucket.full(per_minute, now)
         bucket.refill(now)
         return bucket

@@ -2,7 +2,8 @@
 
 Keys come from two places: `--api-key` on the command line (a tenant each, named
 "key-" + a hash of the key, weight 1, no quotas) and the admin API (stored hashed in the
-registry, api_keys.py). The server keeps them all in memory, so authenticating a request
+registry, api_keys.py; a tenant may hold several, with the same weight, and each key has its
+own quotas). The server keeps them all in memory, so authenticating a request
 never touches the database: inference goes on while the registry is down. Once any key
 exists, inference needs one (or the admin token); requests with the admin token, or
 without a key while none exists, are the one unkeyed tenant. Every `refresh_seconds` the
@@ -17,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from loraserve.engine.fair_share import UNKEYED, Tenant
-from loraserve.errors import LoraserveError, ModelNotAllowedError
+from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotAllowedError
 from loraserve.registry import ApiKeyInfo, KeySpec, Registry, hash_key
 from loraserve.server.quotas import Quota, Quotas
 from loraserve.server.registry_calls import RegistryCalls
@@ -41,11 +42,16 @@ class TenantKey:
     def of(cls, record: ApiKeyInfo) -> TenantKey:
         allowed = None if record.allowed_models is None else frozenset(record.allowed_models)
         return cls(
-            Tenant(record.name, record.weight),
+            Tenant(record.tenant, record.weight),
             Quota(record.requests_per_minute, record.tokens_per_minute),
             allowed,
             record,
         )
+
+    @property
+    def quota_owner(self) -> str:
+        """Whose buckets the quotas fill: each stored key its own."""
+        return f"key {self.record.id}" if self.record else self.tenant.name
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -81,20 +87,27 @@ class Tenants:
         return self._command_line.get(digest) or self._stored.get(digest)
 
     def records(self) -> list[ApiKeyInfo]:
-        """The stored keys (without the keys), by name, as this server knows them: no database needed."""
-        return sorted((grant.record for grant in self._stored.values() if grant.record), key=lambda r: r.name)
+        """The stored keys (without the keys), by tenant, as this server knows them: no database needed."""
+        records = (grant.record for grant in self._stored.values() if grant.record)
+        return sorted(records, key=lambda r: (r.tenant, r.id))
 
     async def create(self, spec: KeySpec) -> tuple[ApiKeyInfo, str]:
-        record, key = await self._calls(f"create API key {spec.name!r}", self._registry.keys.create, spec)
+        """A new key; 400 if the tenant's other keys have another weight (a tenant has one share)."""
+        weights = {r.weight for r in self.records() if r.tenant == spec.tenant} - {spec.weight}
+        if weights:
+            raise InvalidRequestError(
+                "weight", f"tenant {spec.tenant!r} has weight {weights.pop():g} (its other keys'): give the same"
+            )
+        record, key = await self._calls(f"create an API key of {spec.tenant!r}", self._registry.keys.create, spec)
         self._stored[record.key_hash] = TenantKey.of(record)
         self._changes += 1
         return record, key
 
-    async def revoke(self, name: str) -> ApiKeyInfo:
+    async def revoke(self, key_id: int) -> ApiKeyInfo:
         """Delete the key: from now on it is refused (requests it started run to their end)."""
-        record = await self._calls(f"revoke API key {name!r}", self._registry.keys.delete, name)
-        self._stored.pop(record.key_hash, None)
-        self.quotas.forget(name)
+        record = await self._calls(f"revoke API key {key_id}", self._registry.keys.delete, key_id)
+        if (grant := self._stored.pop(record.key_hash, None)) is not None:
+            self.quotas.forget(grant.quota_owner)
         self._changes += 1
         return record
 
@@ -102,15 +115,18 @@ class Tenants:
         """Before a request starts: 403 for a model the key may not use, 429 past its quota."""
         if not grant.may_use(model):
             raise ModelNotAllowedError(f"this API key may not use model {model!r}")
-        self.quotas.admit(grant.tenant.name, grant.quota)
+        self.quotas.admit(grant.quota_owner, grant.quota)
 
     def charge(self, grant: TenantKey, tokens: int) -> None:
-        self.quotas.charge_tokens(grant.tenant.name, grant.quota, tokens)
+        self.quotas.charge_tokens(grant.quota_owner, grant.quota, tokens)
 
     async def refresh_forever(self, seconds: float = REFRESH_SECONDS) -> None:
-        """Pick up keys made or revoked by other replicas; a failed read keeps what is known."""
+        """Pick up keys made or revoked by other replicas; a failed read keeps what is known. While the
+        registry is away nothing is read (each read would hold a registry thread until it answers)."""
         while True:
             await asyncio.sleep(seconds)
+            if not self._calls.is_available:
+                continue
             changes = self._changes
             try:
                 records = await self._calls("list API keys", self._registry.keys.list)
@@ -122,6 +138,6 @@ class Tenants:
 
     def _replace(self, records: list[ApiKeyInfo]) -> None:
         stored = {record.key_hash: TenantKey.of(record) for record in records}
-        for gone in {grant.tenant.name for grant in self._stored.values()} - {r.name for r in records}:
-            self.quotas.forget(gone)
+        for gone in self._stored.keys() - stored.keys():
+            self.quotas.forget(self._stored[gone].quota_owner)
         self._stored = stored

@@ -20,7 +20,7 @@ def upgrade() -> None:
     op.create_table(
         "api_keys",
         sa.Column("id", sa.Integer(), primary_key=True),
-        sa.Column("name", sa.String(128), nullable=False),
+        sa.Column("tenant", sa.String(128), nullable=False),
         sa.Column("key_hash", sa.String(64), nullable=False),
         sa.Column("key_prefix", sa.String(16), nullable=False),
         sa.Column("weight", sa.Float(), nullable=False),
@@ -30,11 +30,11 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.CheckConstraint("weight > 0", name="ck_api_keys_weight"),
     )
-    op.create_index("ix_api_keys_name", "api_keys", ["name"], unique=True)
+    op.create_index("ix_api_keys_tenant", "api_keys", ["tenant"])
     op.create_index("ix_api_keys_key_hash", "api_keys", ["key_hash"], unique=True)
 
 
 def downgrade() -> None:
     op.drop_index("ix_api_keys_key_hash", table_name="api_keys")
-    op.drop_index("ix_api_keys_name", table_name="api_keys")
+    op.drop_index("ix_api_keys_tenant", table_name="api_keys")
     op.drop_table("api_keys")

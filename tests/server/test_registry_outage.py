@@ -47,7 +47,7 @@ def chat(server: RunningServer, model: str, key: str) -> tuple[int, float]:
 def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_postgres, postgres):
     server = server_on_postgres
     assert upload(server, "pirate", peft_files(SAMPLES / "pirate")).status_code == 201
-    key = httpx.post(f"{server.url}/admin/keys", json={"name": "acme"}, headers=ADMIN).json()["key"]
+    key = httpx.post(f"{server.url}/admin/keys", json={"tenant": "acme"}, headers=ADMIN).json()["key"]
     assert chat(server, "pirate", key)[0] == 200  # loaded
     postgres.hang()
 
@@ -66,7 +66,7 @@ def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_po
         status, elapsed = chat(server, model, key)
         assert status == 200 and elapsed < 5, (model, status, elapsed)
     keys = httpx.get(f"{server.url}/admin/keys", headers=ADMIN, timeout=5)  # answered from memory
-    assert keys.status_code == 200 and [k["name"] for k in keys.json()["data"]] == ["acme"]
+    assert keys.status_code == 200 and [k["tenant"] for k in keys.json()["data"]] == ["acme"]
     started = time.monotonic()
     health = httpx.get(f"{server.url}/health", timeout=5)
     assert health.status_code == 200 and time.monotonic() - started < 1
@@ -74,7 +74,7 @@ def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_po
         reader.join(timeout=60)
     assert len(answers) == 8
     assert all(status == 503 and elapsed < 20 for status, elapsed in answers), answers
-    refused = httpx.post(f"{server.url}/admin/keys", json={"name": "beta"}, headers=ADMIN, timeout=60)
+    refused = httpx.post(f"{server.url}/admin/keys", json={"tenant": "beta"}, headers=ADMIN, timeout=60)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "registry_unavailable"
     health = httpx.get(f"{server.url}/health").json()
     assert (health["status"], health["engine"], health["registry"]) == ("degraded", "running", "unavailable")
@@ -88,7 +88,7 @@ def test_a_hung_registry_stops_no_inference_and_everything_recovers(server_on_po
         time.sleep(0.2)
     assert httpx.get(f"{server.url}/health").json()["registry"] == "ok"
     assert upload(server, "robot", peft_files(SAMPLES / "robot")).status_code == 201
-    assert httpx.post(f"{server.url}/admin/keys", json={"name": "beta"}, headers=ADMIN).status_code == 201
+    assert httpx.post(f"{server.url}/admin/keys", json={"tenant": "beta"}, headers=ADMIN).status_code == 201
     while True:  # the three pirate chats, counted while the database was away, are not lost
         record = httpx.get(f"{server.url}/admin/adapters/pirate", headers=ADMIN).json()
         if record["request_count"] == 3:

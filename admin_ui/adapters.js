@@ -1,5 +1,6 @@
 // The adapters table (sort, filter, pin, edit, delete) and the upload form.
 import { call, upload } from "./api.js";
+import { confirmThen } from "./confirm.js";
 import { bytes, element } from "./format.js";
 
 const state = { records: [], sortKey: "name", ascending: true, filter: "" };
@@ -91,10 +92,8 @@ function edit(record) {
 }
 
 function remove(record) {
-  const dialog = $("confirm-dialog");
-  $("confirm-text").textContent = `Delete ${record.name}? Running requests finish; new ones are refused.`;
-  dialog.onclose = () => dialog.returnValue === "confirm" && act(() => call("DELETE", `/admin/adapters/${record.name}`));
-  dialog.showModal();
+  confirmThen(`Delete ${record.name}? Running requests finish; new ones are refused.`, "Delete",
+    () => act(() => call("DELETE", `/admin/adapters/${record.name}`)));
 }
 
 async function submitUpload(event) {

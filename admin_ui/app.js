@@ -2,6 +2,7 @@
 import { ApiError, call, token } from "./api.js";
 import { refreshAdapters, setUpAdapters } from "./adapters.js";
 import { refreshModels, setUpChat } from "./chat.js";
+import { clearKeys, refreshKeys, setUpKeys } from "./keys.js";
 import { refreshLive } from "./live.js";
 
 const $ = (id) => document.getElementById(id);
@@ -37,6 +38,7 @@ function signOut() {
   token.clear();
   clearInterval(timer);
   $("adapters-table").tBodies[0].replaceChildren();
+  clearKeys();
   show(false);
 }
 
@@ -49,6 +51,7 @@ async function refreshVisible() {
   try {
     if (view === "adapters-view") await refreshAdapters();
     if (view === "live-view") await refreshLive();
+    if (view === "keys-view") await refreshKeys();
   } catch (error) {
     if (error instanceof ApiError && [401, 403].includes(error.status)) signOut();
   }
@@ -65,6 +68,7 @@ function switchTo(view) {
 
 setUpAdapters();
 setUpChat();
+setUpKeys();
 for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => switchTo(tab.dataset.view));
 $("sign-in-form").addEventListener("submit", (event) => {
   event.preventDefault();

@@ -114,3 +114,35 @@ def test_sign_in_upload_chat_compare_pin_delete(page, ui_server):
     expect(page.locator("#kv-text")).to_contain_text("pages hold KV blocks")
     expect(page.locator("#prefix-text")).to_contain_text("prompt tokens found instead of computed")
     expect(page.locator("#slot-text")).to_contain_text("of 4 slots used")
+
+
+def test_keys_created_shown_once_used_and_revoked_from_the_page(page, ui_server):
+    sign_in(page)
+    page.get_by_role("button", name="Keys").click()
+    form = page.locator("#key-form")
+    form.get_by_label("Tenant").fill("ui-tenant")
+    form.get_by_label("Weight").fill("2")
+    form.get_by_label("Requests per minute").fill("100")
+    form.get_by_label("Allowed models").fill("pirate, robot")
+    form.get_by_role("button", name="Create key").click()
+    shown = page.locator("#new-key code")
+    expect(shown).to_have_text(re.compile(r"^lsk-"))
+    key = shown.inner_text()
+    tenant = page.locator('#keys-table tbody tr[data-tenant="ui-tenant"]')
+    expect(tenant).to_contain_text("pirate, robot")
+    assert key not in tenant.inner_text() and key[:10] in tenant.inner_text(), "the table shows a prefix only"
+
+    chat = {"model": "pirate", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    with_key = {"Authorization": f"Bearer {key}"}
+    assert httpx.post(f"{ui_server.url}/v1/chat/completions", json=chat, headers=with_key).status_code == 200
+
+    form.get_by_label("Tenant").fill("ui-tenant")
+    form.get_by_label("Weight").fill("3")
+    form.get_by_role("button", name="Create key").click()
+    expect(page.locator("#new-key")).to_have_text(re.compile(r"Refused: .*tenant 'ui-tenant' has weight 2"))
+
+    tenant.get_by_role("button", name=f"Revoke {key[:10]}…").click()
+    expect(page.locator("#confirm-dialog")).to_contain_text(f"Revoke ui-tenant's key {key[:10]}…?")
+    page.locator("#confirm-dialog").get_by_role("button", name="Revoke").click()
+    expect(tenant).to_have_count(0)
+    assert httpx.get(f"{ui_server.url}/admin/keys", headers=ADMIN).json()["data"] == []

@@ -1,0 +1,83 @@
+// Tenants' API keys: the list (never the keys themselves), creating one (its key shown once), revoking.
+import { call } from "./api.js";
+import { confirmThen } from "./confirm.js";
+import { element } from "./format.js";
+
+const $ = (id) => document.getElementById(id);
+
+export async function refreshKeys() {
+  try {
+    const records = (await call("GET", "/admin/keys")).data;
+    $("keys-table").tBodies[0].replaceChildren(...records.map(row));
+    $("key-count").textContent = `${records.length} keys`;
+    $("keys-error").textContent = "";
+  } catch (error) {
+    $("keys-error").textContent = error.message;
+  }
+}
+
+export function clearKeys() {
+  $("keys-table").tBodies[0].replaceChildren();
+  $("new-key").replaceChildren();
+}
+
+function limit(value) {
+  return value === null ? "no limit" : value.toLocaleString("en");
+}
+
+function row(record) {
+  const key = `${record.key_prefix}…`;
+  const revoke = element("button", { type: "button", className: "danger", ariaLabel: `Revoke ${key}`,
+    onclick: () => confirmThen(`Revoke ${record.tenant}'s key ${key}? Its requests are refused from now on.`,
+      "Revoke", () => act(() => call("DELETE", `/admin/keys/${record.id}`))) }, "Revoke");
+  return element("tr", { dataset: { id: record.id, tenant: record.tenant } },
+    element("td", {}, element("strong", {}, record.tenant)),
+    element("td", {}, element("code", {}, key)),
+    element("td", {}, String(record.weight)),
+    element("td", {}, limit(record.requests_per_minute)),
+    element("td", {}, limit(record.tokens_per_minute)),
+    element("td", {}, record.allowed_models === null ? "all" : record.allowed_models.join(", ")),
+    element("td", {}, new Date(record.created_at).toLocaleString()),
+    element("td", { className: "actions" }, revoke));
+}
+
+async function act(action) {
+  try {
+    await action();
+  } catch (error) {
+    $("keys-error").textContent = error.message;
+  }
+  await refreshKeys();
+}
+
+function optionalNumber(input) {
+  return input.value.trim() === "" ? null : Number(input.value);
+}
+
+async function submitKey(event) {
+  event.preventDefault();
+  const form = event.target;
+  const models = form.elements.allowed_models.value.split(",").map((m) => m.trim()).filter(Boolean);
+  const body = {
+    tenant: form.elements.tenant.value.trim(),
+    weight: Number(form.elements.weight.value),
+    requests_per_minute: optionalNumber(form.elements.requests_per_minute),
+    tokens_per_minute: optionalNumber(form.elements.tokens_per_minute),
+    allowed_models: models.length ? models : null,
+  };
+  const shown = $("new-key");
+  shown.className = "";
+  try {
+    const created = await call("POST", "/admin/keys", body);
+    shown.replaceChildren(`Key of ${created.tenant} (shown only now, copy it): `, element("code", {}, created.key));
+    form.reset();
+  } catch (error) {
+    shown.className = "error";
+    shown.textContent = `Refused: ${error.message}`;
+  }
+  await refreshKeys();
+}
+
+export function setUpKeys() {
+  $("key-form").addEventListener("submit", submitKey);
+}

@@ -161,8 +161,8 @@ class LLMEngine:
             tenant=tenant,
             deadline=None if timeout is None else arrival_time + timeout,
         )
+        self.scheduler.add_request(request)  # first: a request it refuses (overloaded) must leave nothing here
         self._requests[request_id] = request
-        self.scheduler.add_request(request)
         if adapter is not None:
             self.adapters.prefetch(adapter)
         return request

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from loraserve.engine.fair_share import Tenant
@@ -11,6 +13,8 @@ from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
 from tests.engine.test_scheduler import add, make_scheduler, step, tokenizer  # noqa: F401 - fixture
+
+SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
 
 
 def taught(costs: StepCosts, prompts: bool = True) -> StepCosts:
@@ -138,3 +142,18 @@ def test_a_flooding_tenants_queue_refuses_its_own_requests_not_another_tenants(t
     send(polite, "polite-0")  # fair share starts it at the next free slot: predicted in time
     with pytest.raises(OverloadedError):
         send(flooder, "flood-late")
+
+
+@pytest.mark.slow
+def test_a_refused_request_leaves_nothing_behind(make_llm):
+    """Once kept by the engine, refused requests piled up (memory) and held their adapter: deleted, it
+    stayed "retiring" for good, its name never free again."""
+    llm = make_llm(max_loras=2, ttft_slo=0.001, tpot_slo=1.0)
+    engine = llm.engine
+    engine.add_adapter("pirate", SAMPLES / "pirate")
+    taught(engine.scheduler.costs)
+    with pytest.raises(OverloadedError):  # any first token takes longer than the 1 ms target
+        engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=4), adapter="pirate")
+    engine.remove_adapter("pirate")
+    engine.add_adapter("pirate", SAMPLES / "pirate")  # the name is free: nothing of "r" holds it
+    assert not engine.has_unfinished_requests()

@@ -1,11 +1,12 @@
 """Each --api-key is a tenant with its fair share: with one key flooding 40 requests into a batch of 4,
-another key's request starts at the first free slot, not behind the flood (FCFS would put it ~10
-request durations back)."""
+another key's request starts at once, not behind the flood (FCFS would put it ~10 request durations
+back); and a key sending 10x another's rate leaves the other's median TTFT within 2x of alone."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import statistics
 import time
 from collections.abc import Iterator
 
@@ -46,6 +47,26 @@ async def chat(client: httpx.AsyncClient, key: str, max_tokens: int) -> float:
         return first
 
 
+async def paced(client: httpx.AsyncClient, key: str, rate: float, count: int) -> list[float]:
+    """`count` chats of 8 tokens sent `rate` a second, each at its time whatever the others do; their TTFTs."""
+    tasks = []
+    for _ in range(count):
+        tasks.append(asyncio.create_task(chat(client, key, 8)))
+        await asyncio.sleep(1 / rate)
+    return list(await asyncio.gather(*tasks))
+
+
+async def polite_ttfts(url: str, flood_rate: float) -> list[float]:
+    """The polite key's TTFTs at 1 request/s, beside the flooder at `flood_rate` (0: alone)."""
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=256)) as client:
+        await chat(client, POLITE, 8)  # warm: the first request of a server pays for lazy set-up
+        flood = asyncio.create_task(paced(client, FLOODER, flood_rate, 14 * int(flood_rate))) if flood_rate else None
+        ttfts = await paced(client, POLITE, 1.0, 12)
+        if flood is not None:
+            await flood
+        return ttfts
+
+
 async def flood_then_polite(url: str) -> tuple[float, float]:
     """(one flooder request's duration alone, the polite request's TTFT with 40 flooder requests queued)."""
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=64)) as client:
@@ -61,16 +82,30 @@ async def flood_then_polite(url: str) -> tuple[float, float]:
 
 def counter(metrics: str, name: str, key: str) -> float:
     tenant = "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
-    (line,) = [line for line in metrics.splitlines() if line.startswith(f'{name}{{tenant="{tenant}"}}')]
-    return float(line.split()[1])
+    lines = [line for line in metrics.splitlines() if line.startswith(f'{name}{{tenant="{tenant}"}}')]
+    return float(lines[0].split()[1]) if lines else 0.0  # no line before the tenant's first request
+
+
+def tenant_counters(url: str) -> dict[tuple[str, str], float]:
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {POLITE}"}).text
+    names = ("loraserve_tenant_requests_total", "loraserve_tenant_generation_tokens_total")
+    return {(name, key): counter(metrics, name, key) for name in names for key in (FLOODER, POLITE)}
 
 
 def test_a_flooding_key_does_not_hold_back_another_keys_request(keyed_server):
+    before = tenant_counters(keyed_server.url)
     duration, polite = asyncio.run(flood_then_polite(keyed_server.url))
-    # Admitted at the first free slot: within about one flooder request (their batch runs slower).
+    # Admitted at once, taking a slot from the flood: within about one flooder request (their batch runs slower).
     assert polite < 2 * duration + 0.5, (duration, polite)
-    metrics = httpx.get(f"{keyed_server.url}/metrics", headers={"Authorization": f"Bearer {POLITE}"}).text
-    assert counter(metrics, "loraserve_tenant_requests_total", FLOODER) == 41
-    assert counter(metrics, "loraserve_tenant_generation_tokens_total", FLOODER) == 41 * 32
-    assert counter(metrics, "loraserve_tenant_requests_total", POLITE) == 1
-    assert counter(metrics, "loraserve_tenant_generation_tokens_total", POLITE) == 4
+    after = tenant_counters(keyed_server.url)
+    served = {name: after[name] - before[name] for name in after}
+    assert served[("loraserve_tenant_requests_total", FLOODER)] == 41
+    assert served[("loraserve_tenant_generation_tokens_total", FLOODER)] == 41 * 32
+    assert served[("loraserve_tenant_requests_total", POLITE)] == 1
+    assert served[("loraserve_tenant_generation_tokens_total", POLITE)] == 4
+
+
+def test_a_key_sending_ten_times_the_rate_of_another_keeps_its_median_ttft_within_twice_alone(keyed_server):
+    alone = statistics.median(asyncio.run(polite_ttfts(keyed_server.url, 0)))
+    beside_flood = statistics.median(asyncio.run(polite_ttfts(keyed_server.url, 10.0)))
+    assert beside_flood <= 2 * alone, (alone, beside_flood)

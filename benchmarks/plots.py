@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -88,6 +89,6 @@ def memory_over_time(samples: Sequence[tuple[float, float]], path: Path, subtitl
     ax.set_ylabel("server RSS (MiB)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Server memory during the soak run\n{subtitle}", fontsize=10)
+    ax.set_title(f"Server memory during the soak run\n{textwrap.fill(subtitle, 90)}", fontsize=9)
     ax.grid(alpha=0.3)
     _save(fig, path)

@@ -56,6 +56,16 @@ def main() -> None:
                 page.screenshot(path=DOCS / "admin-live.png")
                 for future in futures:
                     future.result()
+            page.get_by_role("button", name="Keys").click()  # last: once a key exists, inference needs one
+            for tenant, weight, rpm, models in (("acme", "2", "600", ""), ("pirate-fans", "1", "60", "pirate")):
+                form = page.locator("#key-form")
+                form.get_by_label("Tenant").fill(tenant)
+                form.get_by_label("Weight").fill(weight)
+                form.get_by_label("Requests per minute").fill(rpm)
+                form.get_by_label("Allowed models").fill(models)
+                form.get_by_role("button", name="Create key").click()
+                expect(page.locator(f'#keys-table tbody tr[data-tenant="{tenant}"]')).to_have_count(1)
+            page.screenshot(path=DOCS / "admin-keys.png")
         browser.close()
     print(f"wrote {', '.join(str(p) for p in sorted(DOCS.glob('admin-*.png')))}")
 

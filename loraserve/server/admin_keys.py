@@ -19,7 +19,7 @@ from loraserve.server.state import server_state
 
 router = APIRouter()
 
-MAX_WEIGHT = 1000.0
+MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0  # a share 100,000 times another is plenty
 MAX_ALLOWED_MODELS = 1000
 MAX_KEY_ID = 2**31 - 1  # the id column's range
 
@@ -28,7 +28,9 @@ class KeyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     tenant: str = Field(max_length=128, description="whose key: metrics use the name; a tenant may hold several")
-    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT, description="the tenant's share of the engine against others")
+    weight: float = Field(
+        1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="the tenant's share of the engine against others"
+    )
     requests_per_minute: int | None = Field(None, ge=1, le=10**9)
     tokens_per_minute: int | None = Field(None, ge=1, le=10**12, description="prompt and generated tokens")
     allowed_models: list[str] | None = Field(

@@ -1,5 +1,5 @@
 // The adapters table (sort, filter, pin, edit, delete) and the upload form.
-import { call, upload } from "./api.js";
+import { actThenRefresh, call, upload } from "./api.js";
 import { confirmThen } from "./confirm.js";
 import { bytes, element } from "./format.js";
 
@@ -69,13 +69,8 @@ function button(text, label, onClick, className = "") {
   return element("button", { type: "button", className, onclick: onClick, ariaLabel: label }, text);
 }
 
-async function act(action) {
-  try {
-    await action();
-  } catch (error) {
-    $("adapters-error").textContent = error.message;
-  }
-  await refreshAdapters();
+function act(action) {
+  return actThenRefresh(action, $("adapters-error"), refreshAdapters);
 }
 
 function edit(record) {

@@ -39,6 +39,16 @@ export async function call(method, path, body) {
   return type.includes("json") ? response.json() : response.text();
 }
 
+// Runs an admin action, shows its error (if any) in `errorNode`, then refreshes the view either way.
+export async function actThenRefresh(action, errorNode, refresh) {
+  try {
+    await action();
+  } catch (error) {
+    errorNode.textContent = error.message;
+  }
+  await refresh();
+}
+
 // XMLHttpRequest, not fetch: only it reports upload progress.
 export function upload(formData, onProgress) {
   return new Promise((resolve, reject) => {

@@ -1,5 +1,5 @@
 // Tenants' API keys: the list (never the keys themselves), creating one (its key shown once), revoking.
-import { call } from "./api.js";
+import { actThenRefresh, call } from "./api.js";
 import { confirmThen } from "./confirm.js";
 import { element } from "./format.js";
 
@@ -41,13 +41,8 @@ function row(record) {
     element("td", { className: "actions" }, revoke));
 }
 
-async function act(action) {
-  try {
-    await action();
-  } catch (error) {
-    $("keys-error").textContent = error.message;
-  }
-  await refreshKeys();
+function act(action) {
+  return actThenRefresh(action, $("keys-error"), refreshKeys);
 }
 
 function optionalNumber(input) {

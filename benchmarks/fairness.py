@@ -16,24 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 from benchmarks.base_model import BaseModel, resolve_base_model
 from benchmarks.load_client import Request, RequestResult, percentile
 from benchmarks.peers.envs import LORASERVE
 from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
 from benchmarks.servers import RunningServer, ServerSettings, serve
-from benchmarks.soak import TenantLoad, run_tenant, tenant_requests
+from benchmarks.soak import TenantLoad, new_key, run_tenant, tenant_requests
 
 SECTION = "fairness"
 CONFIGURATIONS = {"--slo chat": ("--slo", "chat"), "no SLO targets": ()}
-
-
-def new_key(server: RunningServer, tenant: str) -> str:
-    headers = {"Authorization": f"Bearer {server.admin_token}"}
-    answer = httpx.post(f"{server.url}/admin/keys", json={"tenant": tenant}, headers=headers)
-    answer.raise_for_status()
-    return str(answer.json()["key"])
 
 
 async def measure(
@@ -55,7 +46,7 @@ def run(base: BaseModel, args: argparse.Namespace, flags: tuple[str, ...]) -> li
     with tempfile.TemporaryDirectory() as tmp:
         settings = ServerSettings(base.path, "auto", [], max_num_seqs=128, max_loras=8, loraserve_flags=flags)
         with serve(LORASERVE, settings, Path(tmp)) as server:
-            keys = {name: new_key(server, name) for name in ("polite", "flood")}
+            keys = {name: new_key(server, TenantLoad(name, 0.0)) for name in ("polite", "flood")}
             models = [server.base_model]
             polite = tenant_requests(base, server, TenantLoad("polite", args.polite_rate), args.seconds, 0, models,
                                      args.max_tokens)  # fmt: skip

@@ -90,6 +90,16 @@ def tenant_requests(base: BaseModel, server: RunningServer, load: TenantLoad, se
     return [Request(at, prompt, rng.choice(models), max_tokens) for at, prompt in zip(times, prompts, strict=True)]
 
 
+def new_key(server: RunningServer, load: TenantLoad) -> str:
+    """An API key for the tenant, made through the admin API, with its quota if it has one."""
+    body = {"tenant": load.name, "requests_per_minute": load.requests_per_minute}
+    answer = httpx.post(
+        f"{server.url}/admin/keys", json=body, headers={"Authorization": f"Bearer {server.admin_token}"}
+    )
+    answer.raise_for_status()
+    return str(answer.json()["key"])
+
+
 async def run_tenant(server: RunningServer, key: str, requests: list[Request], start: float) -> list[RequestResult]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     headers = {"Authorization": f"Bearer {key}"}
@@ -166,12 +176,7 @@ async def soak_run(base: BaseModel, server: RunningServer, args: argparse.Namesp
         TenantLoad("flood", args.flood_rate),
         TenantLoad("limited", args.rate, requests_per_minute=max(1, round(args.rate * 30))),
     ]
-    admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"})
-    keys = {}
-    for load in loads:
-        answer = admin.post("/admin/keys", json={"tenant": load.name, "requests_per_minute": load.requests_per_minute})
-        answer.raise_for_status()
-        keys[load.name] = answer.json()["key"]
+    keys = {load.name: new_key(server, load) for load in loads}
     models = [server.base_model, *(f"adapter-{i}" for i in range(args.adapters))]
     soak = Soak()
     start = time.perf_counter()

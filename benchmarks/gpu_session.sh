@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Everything a lent GPU machine is for, in one command: the `gpu` tests, then the GPU benchmarks.
+# Everything a lent GPU machine is for: the `gpu` tests, then the GPU benchmarks, as stages.
 # Each stage has its own time limit and log, so a stage that fails or overruns leaves the others'.
 #
-#   bash benchmarks/gpu_session.sh SOURCE_DIR OUT_DIR
+#   bash benchmarks/gpu_session.sh SOURCE_DIR OUT_DIR [STAGE...]
 #
+# STAGE: tests, decode, kernels, sweep, engine (default: all, in that order); the random-weight
+# models they need are made first, once per machine. A lease's command runs at most 10 minutes,
+# so a session runs the stages over two calls on the warm machine, for example `tests decode`
+# then `kernels sweep engine`.
 # SOURCE_DIR: the default model's config.json and tokenizer files (its 94 MB of weights need not
 # travel: random weights of its shapes are made there). OUT_DIR gets versions.txt, one log per
 # stage and benchmarks.md (the sections to merge into docs/benchmarks.md).
 set -u
 SOURCE=$1
 OUT=$2
+shift 2
+STAGES=${*:-tests decode kernels sweep engine}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 PY=${PYTHON:-python3}
@@ -31,10 +37,19 @@ stage() {  # stage NAME SECONDS COMMAND...
 } >"$OUT/versions.txt" 2>&1
 cat "$OUT/versions.txt"
 
-stage models 45 bash -c "$PY -m benchmarks.random_model '$SOURCE' $SMOLLM2 &&
+[ -f $LLAMA8B/config.json ] || stage models 45 bash -c "$PY -m benchmarks.random_model '$SOURCE' $SMOLLM2 &&
     $PY -m benchmarks.random_model '$SOURCE' $LLAMA8B --shapes llama3-8b"
-stage tests 150 env LORASERVE_TEST_MODEL=$SMOLLM2 $PY -m pytest -m gpu -q -p no:cacheprovider \
-    tests/kernels tests/correctness/test_cuda.py
-stage decode-llama8b 210 $PY -m benchmarks.bench_gpu --model $LLAMA8B --random-weights --output "$OUT/benchmarks.md"
-stage engine-llama8b 110 $PY -m benchmarks.bench_engine --model $LLAMA8B --random-weights --device cuda \
-    --dtypes bfloat16 --batch-sizes 1 8 64 --repeats 1 --min-output 32 --max-output 64 --output "$OUT/benchmarks.md"
+for name in $STAGES; do
+    case $name in
+    tests) stage tests 150 env LORASERVE_TEST_MODEL=$SMOLLM2 $PY -m pytest -m gpu -q -p no:cacheprovider \
+        tests/kernels tests/correctness/test_cuda.py ;;
+    decode) stage decode-llama8b 240 $PY -m benchmarks.bench_gpu --model $LLAMA8B --random-weights \
+        --output "$OUT/benchmarks.md" ;;
+    kernels) stage kernels 120 $PY -m benchmarks.bench_kernels --output "$OUT/benchmarks.md" ;;
+    sweep) stage sweep 150 $PY -m benchmarks.bench_kernels --sweep ;;
+    engine) stage engine-llama8b 110 $PY -m benchmarks.bench_engine --model $LLAMA8B --random-weights \
+        --device cuda --dtypes bfloat16 --batch-sizes 1 8 64 --repeats 1 --min-output 32 --max-output 64 \
+        --output "$OUT/benchmarks.md" ;;
+    *) echo "unknown stage $name (tests, decode, kernels, sweep, engine)" >&2 ;;
+    esac
+done

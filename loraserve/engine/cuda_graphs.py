@@ -4,17 +4,20 @@ A decode-only step of B rows runs the graph captured for the smallest bucket >= 
 then multiples of 8 up to --max-num-seqs), its rows padded. Every tensor a step reads lives
 in static device buffers sized for the largest bucket and updated in place before each
 replay: token ids, positions, the KV slots written, block tables and context lengths, and
-each row's adapter slot. The adapters' own tables (row offsets, ranks, scales in
+the rows' adapter segments (rows come sorted by adapter; a run of one adapter is one
+segment, so the LoRA kernels read each adapter once). The adapters' own tables (row offsets, ranks, scales in
 lora/slots.py) are static device tensors too, written in place by a load, so adapters come
 and go without a new capture. Padding rows have context 0 (the attention kernel gives
 zeros), no adapter, and write their K and V to a scratch block no sequence owns.
 
-Each bucket is captured twice, with LoRA (the BGMV kernels skip rows of slot -1) and
+Each bucket is captured twice, with LoRA (its grid has a program row per possible segment;
+unused segments are empty and slot -1, and their programs return at once) and
 without, so a base-model batch pays nothing for LoRA. Prefills, chunks and batches past the
 largest bucket or the static block tables run eagerly. `--enforce-eager` turns graphs off.
 
-Example: 5 decodes -> bucket 8; rows 5-7 get token 0 at position 0, context 0, slot -1,
-and write to the scratch block; the graph's output rows 0-4 are the step's hidden states.
+Example: 5 decodes of slots [-1, 3, 3, 3, 7] -> bucket 8; rows 5-7 get token 0 at position
+0, context 0, and write to the scratch block; segments end at [1, 4, 5, 5, 5, 5, 5, 5] with
+slots [-1, 3, 7, -1, ...]; the graph's output rows 0-4 are the step's hidden states.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraserve.lora.batch import NO_ADAPTER, LoraBatch
+from loraserve.lora.batch import NO_ADAPTER, LoraBatch, adapter_runs
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
 from loraserve.models.llama import KVCache, LlamaForCausalLM
@@ -68,10 +71,10 @@ class StaticDecodeInputs:
         self.slot_offsets = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(max_rows, max_blocks, dtype=torch.long, device=device)
         self.context_lens = torch.zeros(max_rows, dtype=torch.long, device=device)
-        self.lora_slots = torch.full((max_rows,), NO_ADAPTER, dtype=torch.int32, device=device)
-        self.segment_bounds = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        self.segment_bounds = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
+        self.segment_slots = torch.full((max_rows,), NO_ADAPTER, dtype=torch.int32, device=device)
         # Staged on the host in one pinned tensor, copied to the device in one transfer.
-        self._columns = 6 + max_blocks
+        self._columns = 7 + max_blocks
         self._host = torch.zeros(max_rows, self._columns, dtype=torch.long, pin_memory=device == "cuda")
         self._device = torch.zeros(max_rows, self._columns, dtype=torch.long, device=device)
 
@@ -85,13 +88,16 @@ class StaticDecodeInputs:
         host = self._host[:bucket]
         host.zero_()
         host[n:, 2] = self.scratch_block
-        host[n:, 5] = NO_ADAPTER
         columns = (rows.input_ids, rows.positions, rows.slot_blocks, rows.slot_offsets, rows.context_lens)
         for column, values in enumerate(columns):
             host[:n, column] = torch.tensor(values, dtype=torch.long)
-        host[:n, 5] = torch.tensor(rows.lora_slots, dtype=torch.long)
+        ends, slots = adapter_runs([1] * n, rows.lora_slots)
+        host[:, 5] = n
+        host[: len(ends), 5] = torch.tensor(ends, dtype=torch.long)
+        host[:, 6] = NO_ADAPTER
+        host[: len(slots), 6] = torch.tensor(slots, dtype=torch.long)
         for row, table in enumerate(rows.block_tables):
-            host[row, 6 : 6 + len(table)] = torch.tensor(table, dtype=torch.long)
+            host[row, 7 : 7 + len(table)] = torch.tensor(table, dtype=torch.long)
         staged = self._device[:bucket]
         staged.copy_(host, non_blocking=True)
         for buffer, column in (
@@ -99,8 +105,9 @@ class StaticDecodeInputs:
             (self.context_lens, 4),
         ):  # fmt: skip
             buffer[:bucket].copy_(staged[:, column])
-        self.lora_slots[:bucket].copy_(staged[:, 5])
-        self.block_tables[:bucket].copy_(staged[:, 6:])
+        self.segment_bounds[1 : bucket + 1].copy_(staged[:, 5])
+        self.segment_slots[:bucket].copy_(staged[:, 6])
+        self.block_tables[:bucket].copy_(staged[:, 7:])
 
 
 class DecodeGraphs:
@@ -174,8 +181,8 @@ class DecodeGraphs:
         )
         lora = None
         if with_lora:
-            slots = inputs.lora_slots[:bucket]
-            lora = LoraBatch(self.adapter_slots, inputs.segment_bounds[: bucket + 1], slots, slots, max_segment_len=1)
+            bounds, slots = inputs.segment_bounds[: bucket + 1], inputs.segment_slots[:bucket]
+            lora = LoraBatch(self.adapter_slots, bounds, slots, row_slots=None)
         return self.model(inputs.input_ids[:bucket], inputs.positions[:bucket], metadata, self.kv_caches, lora)
 
     def _capture_one(self, bucket: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

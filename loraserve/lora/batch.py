@@ -8,9 +8,15 @@ import torch
 
 from loraserve.lora.slots import AdapterSlots
 from loraserve.lora.stacked import StackedLora
-from sgmv_kernels import PooledLora, bgmv_expand_group, bgmv_shrink_group, lora_expand, lora_shrink
+from sgmv_kernels import (
+    PooledLora,
+    column_block,
+    lora_expand,
+    lora_shrink,
+    sgmv_expand_group,
+    sgmv_shrink_group,
+)
 from sgmv_kernels.cpu import RowGroups, grouped_lora
-from sgmv_kernels.expand import GROUP_COLUMN_BLOCK
 from sgmv_kernels.native import LoraKernel, RowChunks
 
 NO_ADAPTER = -1
@@ -20,16 +26,16 @@ NO_ADAPTER = -1
 class LoraBatch:
     """Which slot each row of the step uses; the model calls `add` at every adapted projection.
 
-    Rows are the step's tokens in the runner's order, a segment per scheduled sequence.
-    Example: decodes of adapters in slots 2 and -1, then a 3-token chunk of slot 0:
-    seg_indptr = [0, 1, 2, 5], seg_slots = [2, -1, 0]; row_slots = None (a prefill is present).
+    Rows are the step's tokens in the runner's order; a segment is a run of rows of one slot
+    (neighbouring sequences of one adapter share a segment, so the kernels read it once).
+    Example: decodes of adapters in slots 2, 2 and -1, then a 3-token chunk of slot 0:
+    seg_indptr = [0, 2, 3, 6], seg_slots = [2, -1, 0]; row_slots = None (a prefill is present).
     """
 
     slots: AdapterSlots
     seg_indptr: torch.Tensor  # [num_segments + 1] int32
     seg_slots: torch.Tensor  # [num_segments] int32, NO_ADAPTER for base-model rows
-    row_slots: torch.Tensor | None  # [T] int32 when every segment is one row (decode: BGMV)
-    max_segment_len: int  # sizes the SGMV grid without reading seg_indptr back from the device
+    row_slots: torch.Tensor | None  # [T] int32 when every sequence is one row (decode), for the CPU
     # On the CPU, the compiled kernel and the rows sorted by slot (native.py); without a
     # compiler, the torch path: rows regrouped by adapter and dense weights (grouped_lora).
     native: tuple[LoraKernel, RowChunks] | None = None
@@ -47,10 +53,7 @@ class LoraBatch:
         """None when no row of the step uses an adapter: the model then skips LoRA entirely."""
         if all(slot == NO_ADAPTER for slot in slot_ids):
             return None
-        offsets = [0]
-        for length in lengths:
-            offsets.append(offsets[-1] + length)
-        seg_slots = torch.tensor(slot_ids, dtype=torch.int32, device=device)
+        ends, run_slots = adapter_runs(lengths, slot_ids)
         native = grouped = None
         if device == "cpu" and cpu_kernel is not None and cpu_kernel.supports(slots.pool.dtype):
             native = cpu_kernel, RowChunks.of_segments(lengths, slot_ids)
@@ -59,12 +62,12 @@ class LoraBatch:
             group_of = {slot: group for group, slot in enumerate(distinct)}
             groups = RowGroups.of_segments(lengths, [group_of.get(slot, NO_ADAPTER) for slot in slot_ids], device)
             grouped = groups, slots.stacked(distinct)
+        decode = all(length == 1 for length in lengths)
         return cls(
             slots=slots,
-            seg_indptr=torch.tensor(offsets, dtype=torch.int32, device=device),
-            seg_slots=seg_slots,
-            row_slots=seg_slots if all(length == 1 for length in lengths) else None,
-            max_segment_len=max(lengths),
+            seg_indptr=torch.tensor([0, *ends], dtype=torch.int32, device=device),
+            seg_slots=torch.tensor(run_slots, dtype=torch.int32, device=device),
+            row_slots=torch.tensor(slot_ids, dtype=torch.int32, device=device) if decode else None,
             native=native,
             grouped=grouped,
         )
@@ -76,12 +79,8 @@ class LoraBatch:
             kernel, rows = self.native
             kernel.add(x, self.slots.projection_group(layer, projections), rows, out)
             return
-        widths = [self.slots.shapes[projection][1] for projection in projections]
-        if self.row_slots is not None and x.is_cuda and all(width % GROUP_COLUMN_BLOCK == 0 for width in widths):
-            # Decode on CUDA: one shrink and one expand launch for the projections that share x.
-            group = self.slots.projection_group(layer, projections)
-            y = bgmv_shrink_group(x, group.pool, group.a_rows, group.ranks, self.row_slots)
-            bgmv_expand_group(y, group.pool, group.b_rows, group.ranks, group.scales, self.row_slots, out, widths)
+        if x.is_cuda:
+            self.add_with_kernels(layer, projections, x, out)
             return
         layer_lora = self.slots.layers[layer]
         if self.grouped is not None:
@@ -96,11 +95,45 @@ class LoraBatch:
             self._add_one(layer_lora[projection], x, out[:, column : column + width])
             column += width
 
+    def add_with_kernels(self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None:
+        """`add` through the Triton kernels (CUDA; the interpreter on the CPU): one shrink and one
+        expand launch for the projections that share x, each segment's adapter read once."""
+        group = self.slots.projection_group(layer, projections)
+        widths = [self.slots.shapes[projection][1] for projection in projections]
+        segments = (self.seg_indptr, self.seg_slots)
+        if column_block(widths) is not None:
+            partials = sgmv_shrink_group(x, group.pool, group.a_rows, group.ranks, *segments)
+            sgmv_expand_group(partials, group.pool, group.b_rows, group.ranks, group.scales, *segments, out, widths)
+            return
+        column = 0
+        for p, width in enumerate(widths):  # widths no launch can share: a projection at a time
+            one = slice(p, p + 1)
+            partials = sgmv_shrink_group(x, group.pool, group.a_rows[one], group.ranks[one], *segments)
+            tables = (group.pool, group.b_rows[one], group.ranks[one], group.scales[one])
+            sgmv_expand_group(partials, *tables, *segments, out[:, column : column + width], [width])
+            column += width
+
     def _add_one(self, weights: PooledLora, x: torch.Tensor, out: torch.Tensor) -> None:
+        """The torch paths (CPU): rows gathered per adapter for decode, the references for segments."""
         if self.row_slots is not None:
             y = lora_shrink(x, weights, row_slots=self.row_slots)
             lora_expand(y, weights, out, row_slots=self.row_slots)
             return
-        segments, slots, longest = self.seg_indptr, self.seg_slots, self.max_segment_len
-        y = lora_shrink(x, weights, seg_indptr=segments, seg_slots=slots, max_segment_len=longest)
-        lora_expand(y, weights, out, seg_indptr=segments, seg_slots=slots, max_segment_len=longest)
+        y = lora_shrink(x, weights, seg_indptr=self.seg_indptr, seg_slots=self.seg_slots)
+        lora_expand(y, weights, out, seg_indptr=self.seg_indptr, seg_slots=self.seg_slots)
+
+
+def adapter_runs(lengths: list[int], slot_ids: list[int]) -> tuple[list[int], list[int]]:
+    """Consecutive sequences of one slot merged: (each run's end row, its slot).
+    Example: lengths [1, 1, 1, 3], slots [2, 2, -1, 2] -> ([2, 3, 6], [2, -1, 2])."""
+    ends: list[int] = []
+    slots: list[int] = []
+    row = 0
+    for length, slot in zip(lengths, slot_ids, strict=True):
+        row += length
+        if slots and slots[-1] == slot:
+            ends[-1] = row
+        else:
+            ends.append(row)
+            slots.append(slot)
+    return ends, slots

@@ -8,18 +8,18 @@ import torch
 from sgmv_kernels import (
     PooledLora,
     bgmv_expand,
-    bgmv_expand_group,
     bgmv_expand_reference,
     bgmv_shrink,
-    bgmv_shrink_group,
     bgmv_shrink_reference,
     gather_rows,
     lora_expand,
     lora_shrink,
     pool_from_dense,
     sgmv_expand,
+    sgmv_expand_group,
     sgmv_expand_reference,
     sgmv_shrink,
+    sgmv_shrink_group,
     sgmv_shrink_reference,
 )
 from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
@@ -107,25 +107,47 @@ def group_of(pooled: list[PooledLora]) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("widths", [[576, 192, 192], [1536, 1536], [576]], ids=["qkv", "gate-up", "one"])
-def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths):
+@pytest.mark.parametrize(
+    ("lengths", "slots"),
+    [([2, 1, 3, 2], [0, 3, -1, 5]), ([1] * 8, [0, 3, 0, -1, 5, 3, 1, 2]), ([20, 1], [4, 2])],
+    ids=["decode-sorted", "decode-interleaved", "prompt"],
+)
+def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths, lengths, slots):
+    """The engine's form: a segment's rows share their adapter (decode rows sorted by adapter, or a
+    prompt); the expand sums the shrink's split-K partials as it reads them."""
+    check_group_launch(dtype, widths, lengths, slots, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("widths", [[576, 192, 192], [1536, 1536], [576]], ids=["qkv", "gate-up", "one"])
+def test_a_projection_group_on_cuda_equals_each_projection_alone(dtype, widths):
+    """Compiled for the GPU: sorted decode rows, a lone row, a base row and a prompt in one launch."""
+    check_group_launch(dtype, widths, [2, 1, 3, 2, 40], [0, 3, -1, 5, 1], "cuda")
+
+
+def check_group_launch(dtype, widths, lengths, slots, device):
     gen = torch.Generator().manual_seed(sum(widths))
     pooled = [make_pool(6, 576, width, dtype, gen)[0] for width in widths]
-    pool, a_rows, b_rows, ranks, scales = group_of(pooled)
-    row_slots = torch.tensor([0, 3, 0, -1, 5, 3, 1, 2], dtype=torch.int32)
-    x = torch.randn(len(row_slots), 576, generator=gen).to(dtype)
-    y = bgmv_shrink_group(x, pool, a_rows, ranks, row_slots)
+    indptr, seg_slots = make_segments(lengths, slots)
+    x = torch.randn(sum(lengths), 576, generator=gen).to(dtype)
+    out = torch.randn(sum(lengths), sum(widths), generator=gen).to(dtype)
+    expected = out.clone()
+    on_device = [t.to(device) for t in (*group_of(pooled), indptr, seg_slots, x, out)]
+    pool, a_rows, b_rows, ranks, scales, indptr_d, slots_d, x_d, out_d = on_device
+    partials = sgmv_shrink_group(x_d, pool, a_rows, ranks, indptr_d, slots_d, zeroed=True).cpu()
     tolerance = {"atol": TOLERANCE[dtype], "rtol": TOLERANCE[dtype]}
     for p, w in enumerate(pooled):
-        torch.testing.assert_close(y[p], bgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, row_slots), **tolerance)
-    out = torch.randn(len(row_slots), sum(widths), generator=gen).to(dtype)
-    expected = out.clone()
-    bgmv_expand_group(y, pool, b_rows, ranks, scales, row_slots, out, widths)
+        want = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+        torch.testing.assert_close(partials[:, p].sum(0), want, **tolerance)
+    sgmv_expand_group(partials.to(device), pool, b_rows, ranks, scales, indptr_d, slots_d, out_d, widths)
     column = 0
     for p, (w, width) in enumerate(zip(pooled, widths, strict=True)):
         part = expected[:, column : column + width]
-        bgmv_expand_reference(y[p], w.pool, w.b_rows, w.ranks, w.scales, row_slots, part)
+        sgmv_expand_reference(partials[:, p].sum(0), w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, part)
         column += width
-    torch.testing.assert_close(out, expected, **tolerance)
+    torch.testing.assert_close(out_d.cpu(), expected, **tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -148,7 +170,8 @@ def test_cpu_gathered_bgmv_equals_the_reference(dtype):
 
 
 def test_split_k_partials_sum_to_the_reference(monkeypatch):
-    """As on a large GPU: few rows spread over many programs, each summing part of the hidden size."""
+    """As on a large GPU: few rows spread over many programs, each summing part of the hidden size;
+    the expand adds the partials up as it reads them, and leaves rows without an adapter alone."""
     from sgmv_kernels import shrink
 
     monkeypatch.setattr(shrink, "_num_sms", lambda device: 64)
@@ -163,6 +186,15 @@ def test_split_k_partials_sum_to_the_reference(monkeypatch):
     indptr, seg_slots = make_segments([2, 1], [5, 2])
     expected = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
     torch.testing.assert_close(sgmv_shrink(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots), expected, **tolerance)
+    indptr, seg_slots = make_segments([2, 1], [5, -1])
+    partials = sgmv_shrink_group(x, w.pool, w.a_rows[None], w.ranks[None], indptr, seg_slots)  # not zeroed
+    assert partials.shape[0] > 1
+    out = torch.randn(3, 576, generator=gen)
+    expected = out.clone()
+    y = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+    sgmv_expand_reference(y, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, expected)
+    sgmv_expand_group(partials, w.pool, w.b_rows[None], w.ranks[None], w.scales[None], indptr, seg_slots, out, [576])
+    torch.testing.assert_close(out, expected, **tolerance)
 
 
 def test_references_compute_the_lora_delta_at_each_rows_adapter():

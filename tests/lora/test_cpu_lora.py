@@ -108,6 +108,10 @@ def test_cpu_paths_equal_plain_math(slots_and_adapters, cpu_kernel, lengths, nam
     dataclasses.replace(batch, native=None, grouped=None).add(layer, projections, x, delta)
     zero_based = expected(x, torch.zeros_like(out), rows, layer, projections)
     torch.testing.assert_close(delta, zero_based, atol=1e-5, rtol=1e-5)
+    # And the GPU path itself: the Triton kernels, under the interpreter here.
+    kernels = torch.zeros_like(out)
+    batch.add_with_kernels(layer, projections, x, kernels)
+    torch.testing.assert_close(kernels, zero_based, atol=1e-5, rtol=1e-5)
 
 
 def test_a_reused_slot_gets_the_new_weights(slots_and_adapters, cpu_kernel):

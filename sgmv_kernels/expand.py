@@ -28,7 +28,7 @@ import triton.language as tl
 
 from sgmv_kernels.checks import check_expand
 from sgmv_kernels.layout import gather_rows
-from sgmv_kernels.shrink import dot, row_segments
+from sgmv_kernels.shrink import row_segments
 
 
 def sgmv_expand_reference(
@@ -66,15 +66,14 @@ def bgmv_expand_reference(
 @triton.jit
 def _expand_kernel(
     partials_ptr, pool_ptr, b_rows_ptr, out_ptr, ranks_ptr, scales_ptr, indptr_ptr, slots_ptr,
-    out_features, start_1, start_2, stride_split, stride_proj_y, stride_y,
+    out_features, start_1, start_2, num_splits, stride_split, stride_proj_y, stride_y,
     stride_rows, stride_proj_rows, stride_proj_ranks, stride_out,
-    NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    TENSOR_CORES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # grid: (num_segments, cdiv(H_out, BLOCK_N)). Up to three projections side by side in out
     # (q/k/v, gate/up), starting at columns 0, start_1, start_2: a column block lies in one of
     # them. A program reads its B^T tile for the whole segment and sums the shrink's split-K
-    # partials of y as it loads them, in a fixed order (unrolled: the loads are in flight together).
+    # partials of y as it loads them, in a fixed order.
     segment = tl.program_id(0)
     n_start = tl.program_id(1) * BLOCK_N
     projection = (n_start >= start_1).to(tl.int32) + (n_start >= start_2).to(tl.int32)
@@ -99,14 +98,14 @@ def _expand_kernel(
                 y_tiles = partials_ptr + offs_m[:, None] * stride_y + k[None, :]
                 y_mask = (offs_m[:, None] < row_end) & (k[None, :] < rank)
                 y_tile = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-                for split in tl.static_range(NUM_SPLITS):
+                for split in range(num_splits):
                     y_tile += tl.load(y_tiles + split * stride_split, mask=y_mask, other=0.0)
                 b_offsets = tl.load(b_rows_ptr + k, mask=k < rank, other=0)
                 b_tile = tl.load(
                     pool_ptr + b_offsets[:, None] + columns[None, :],
                     mask=(k[:, None] < rank) & (offs_n[None, :] < end), other=0.0,
                 )  # fmt: skip
-                acc += dot(y_tile.to(b_tile.dtype), b_tile, TENSOR_CORES)  # 16-bit: y rounded as peft's is
+                acc += tl.dot(y_tile, b_tile.to(tl.float32), input_precision="ieee")
             out_tile = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
             mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < end)
             current = tl.load(out_tile, mask=mask, other=0.0)
@@ -115,7 +114,7 @@ def _expand_kernel(
 
 BLOCK_M, BLOCK_K = 16, 16  # a tensor-core tile of rows; rank in steps of 16
 GROUP_COLUMN_BLOCKS = (256, 128, 64)  # a fused group's widths must be multiples of the last
-SINGLE_COLUMN_BLOCK = 256
+SINGLE_COLUMN_BLOCK = 128
 NUM_WARPS = 4
 
 
@@ -157,10 +156,9 @@ def sgmv_expand_group(
     start_1, start_2 = (starts + [out.shape[1]] * 2)[:2]
     _expand_kernel[(seg_slots.numel(), triton.cdiv(out.shape[1], block_n))](
         partials, pool, b_rows, out, ranks, scales, seg_indptr, seg_slots,
-        out.shape[1], start_1, start_2, partials.stride(0), partials.stride(1), partials.stride(2),
+        out.shape[1], start_1, start_2, partials.shape[0], partials.stride(0), partials.stride(1), partials.stride(2),
         b_rows.stride(1), b_rows.stride(0), ranks.stride(0), out.stride(0),
-        NUM_SPLITS=partials.shape[0], BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        TENSOR_CORES=out.is_cuda and out.dtype != torch.float32, num_warps=NUM_WARPS,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

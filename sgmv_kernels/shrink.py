@@ -63,7 +63,7 @@ def bgmv_shrink_reference(
 
 
 @triton.jit
-def dot(a, b, TENSOR_CORES: tl.constexpr):
+def _dot(a, b, TENSOR_CORES: tl.constexpr):
     """16-bit operands on a GPU: tensor cores, fp32 sums. Else exact fp32 products (and the
     interpreter, which multiplies bfloat16 as raw integers, never sees a 16-bit dot)."""
     if TENSOR_CORES:
@@ -108,7 +108,7 @@ def _shrink_kernel(
                     mask=(offs_m[:, None] < row_end) & (k[None, :] < hidden), other=0.0,
                 )  # fmt: skip
                 a_tile = tl.load(a_cols + k[:, None], mask=(offs_n[None, :] < rank) & (k[:, None] < hidden), other=0.0)
-                acc += dot(x_tile, a_tile, TENSOR_CORES)
+                acc += _dot(x_tile, a_tile, TENSOR_CORES)
             tl.store(
                 out_ptr + offs_m[:, None] * stride_out + offs_n[None, :],
                 acc,
@@ -137,8 +137,8 @@ def _num_sms(device: torch.device) -> int:
 # Launch shape: a row block of 16 (a tensor-core tile; decode segments are a few rows), a
 # rank block of 16, K in steps of BLOCK_K; split K until about SPLIT_WAVES programs per SM.
 # (benchmarks/bench_kernels.py --sweep times the alternatives.)
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 64
-SPLIT_WAVES, NUM_WARPS = 4, 2
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 128
+SPLIT_WAVES, NUM_WARPS = 4, 4
 
 
 def sgmv_shrink_group(

@@ -114,7 +114,7 @@ def _expand_kernel(
 
 BLOCK_M, BLOCK_K = 16, 16  # a tensor-core tile of rows; rank in steps of 16
 GROUP_COLUMN_BLOCKS = (256, 128, 64)  # a fused group's widths must be multiples of the last
-SINGLE_COLUMN_BLOCK = 128
+SINGLE_COLUMN_BLOCK = 256
 NUM_WARPS = 4
 
 

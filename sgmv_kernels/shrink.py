@@ -137,8 +137,8 @@ def _num_sms(device: torch.device) -> int:
 # Launch shape: a row block of 16 (a tensor-core tile; decode segments are a few rows), a
 # rank block of 16, K in steps of BLOCK_K; split K until about SPLIT_WAVES programs per SM.
 # (benchmarks/bench_kernels.py --sweep times the alternatives.)
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 128
-SPLIT_WAVES, NUM_WARPS = 4, 4
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 64
+SPLIT_WAVES, NUM_WARPS = 4, 2
 
 
 def sgmv_shrink_group(

@@ -52,6 +52,7 @@ class Case:
     widths: list[int]  # the projections sharing x, side by side in the output
     rows_per_adapter: list[int]  # one segment per entry, each its own adapter
     rank: int
+    prompt: bool = False  # rows spread over programs, as in an eager step; decode runs as in a CUDA graph
 
 
 def cases(quick: bool) -> list[Case]:
@@ -68,8 +69,8 @@ def cases(quick: bool) -> list[Case]:
         Case("Llama-8B q/k/v, decode, rank 64", 4096, [4096, 1024, 1024], PAIRS, 64),
     ]
     prefill = [
-        Case("Llama-8B q/k/v, prefill", 4096, [4096, 1024, 1024], [128] * 8, 16),
-        Case("Llama-8B gate/up, prefill", 4096, [14336, 14336], [256] * 4, 16),
+        Case("Llama-8B q/k/v, prefill", 4096, [4096, 1024, 1024], [128] * 8, 16, prompt=True),
+        Case("Llama-8B gate/up, prefill", 4096, [14336, 14336], [256] * 4, 16, prompt=True),
     ]
     return [decode[0], prefill[0]] if quick else decode + prefill
 
@@ -135,14 +136,15 @@ def launches(case: Case, p: Prepared, out: torch.Tensor):
     """(shrink, expand, partials): the two launches as callables; expand reads the partials of one
     shrink and adds to `out`."""
     pool, a_rows, b_rows, ranks, scales = p.group
+    longest = max(case.rows_per_adapter) if case.prompt else None
 
     def run_shrink() -> torch.Tensor:
-        return sgmv_shrink_group(p.x, pool, a_rows, ranks, p.indptr, p.seg_slots)
+        return sgmv_shrink_group(p.x, pool, a_rows, ranks, p.indptr, p.seg_slots, longest)
 
     partials = run_shrink()
 
     def run_expand() -> None:
-        sgmv_expand_group(partials, pool, b_rows, ranks, scales, p.indptr, p.seg_slots, out, case.widths)
+        sgmv_expand_group(partials, pool, b_rows, ranks, scales, p.indptr, p.seg_slots, out, case.widths, longest)
 
     return run_shrink, run_expand, partials
 

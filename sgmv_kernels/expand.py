@@ -28,7 +28,7 @@ import triton.language as tl
 
 from sgmv_kernels.checks import check_expand
 from sgmv_kernels.layout import gather_rows
-from sgmv_kernels.shrink import row_segments
+from sgmv_kernels.shrink import row_programs, row_segments
 
 
 def sgmv_expand_reference(
@@ -66,15 +66,17 @@ def bgmv_expand_reference(
 @triton.jit
 def _expand_kernel(
     partials_ptr, pool_ptr, b_rows_ptr, out_ptr, ranks_ptr, scales_ptr, indptr_ptr, slots_ptr,
-    out_features, start_1, start_2, num_splits, stride_split, stride_proj_y, stride_y,
+    out_features, start_1, start_2, num_splits, num_m_programs, stride_split, stride_proj_y, stride_y,
     stride_rows, stride_proj_rows, stride_proj_ranks, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # grid: (num_segments, cdiv(H_out, BLOCK_N)). Up to three projections side by side in out
+    # grid: (num_segments * num_m_programs, cdiv(H_out, BLOCK_N)), a segment's row blocks dealt
+    # round-robin over its num_m_programs programs. Up to three projections side by side in out
     # (q/k/v, gate/up), starting at columns 0, start_1, start_2: a column block lies in one of
     # them. A program reads its B^T tile for the whole segment and sums the shrink's split-K
     # partials of y as it loads them, in a fixed order.
-    segment = tl.program_id(0)
+    segment = tl.program_id(0) // num_m_programs
+    m_first = (tl.program_id(0) % num_m_programs) * BLOCK_M
     n_start = tl.program_id(1) * BLOCK_N
     projection = (n_start >= start_1).to(tl.int32) + (n_start >= start_2).to(tl.int32)
     first = tl.where(projection == 0, 0, tl.where(projection == 1, start_1, start_2))
@@ -90,7 +92,7 @@ def _expand_kernel(
         offs_n = n_start + tl.arange(0, BLOCK_N)
         columns = offs_n - first  # of this projection's B^T rows
         offs_k = tl.arange(0, BLOCK_K)
-        for m_start in range(row_start, row_end, BLOCK_M):
+        for m_start in range(row_start + m_first, row_end, num_m_programs * BLOCK_M):
             offs_m = m_start + tl.arange(0, BLOCK_M)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k_start in range(0, rank, BLOCK_K):  # the adapter's true rank, not the pool's maximum
@@ -136,10 +138,11 @@ def sgmv_expand_group(
     seg_slots: torch.Tensor,
     out: torch.Tensor,
     widths: list[int],
+    max_segment_len: int | None = None,
 ) -> None:
     """The expand of up to 3 projections whose outputs lie side by side in out [T, sum(widths)], in
     one launch: partials [splits, P, T, max_rank] from `sgmv_shrink_group`, b_rows [P, num_slots,
-    max_rank], ranks and scales [P, num_slots]."""
+    max_rank], ranks and scales [P, num_slots]. `max_segment_len` as for the shrink."""
     block_n = column_block(widths)
     if not (len(widths) <= 3 and sum(widths) == out.shape[1] and ranks.stride(0) == scales.stride(0)):
         raise ValueError("up to 3 projections filling out, ranks and scales laid out alike")
@@ -154,9 +157,11 @@ def sgmv_expand_group(
         return
     starts = [sum(widths[:i]) for i in range(1, len(widths))]
     start_1, start_2 = (starts + [out.shape[1]] * 2)[:2]
-    _expand_kernel[(seg_slots.numel(), triton.cdiv(out.shape[1], block_n))](
+    m_programs = row_programs(max_segment_len, BLOCK_M)
+    _expand_kernel[(seg_slots.numel() * m_programs, triton.cdiv(out.shape[1], block_n))](
         partials, pool, b_rows, out, ranks, scales, seg_indptr, seg_slots,
-        out.shape[1], start_1, start_2, partials.shape[0], partials.stride(0), partials.stride(1), partials.stride(2),
+        out.shape[1], start_1, start_2, partials.shape[0], m_programs,
+        partials.stride(0), partials.stride(1), partials.stride(2),
         b_rows.stride(1), b_rows.stride(0), ranks.stride(0), out.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
     )  # fmt: skip
@@ -171,11 +176,11 @@ def sgmv_expand(
     seg_indptr: torch.Tensor,
     seg_slots: torch.Tensor,
     out: torch.Tensor,
+    max_segment_len: int | None = None,
 ) -> None:
     check_expand(y, pool, b_rows, ranks, scales, seg_slots, seg_indptr, out)
-    sgmv_expand_group(
-        y[None, None], pool, b_rows[None], ranks[None], scales[None], seg_indptr, seg_slots, out, [out.shape[1]]
-    )
+    tables = (b_rows[None], ranks[None], scales[None])
+    sgmv_expand_group(y[None, None], pool, *tables, seg_indptr, seg_slots, out, [out.shape[1]], max_segment_len)
 
 
 def bgmv_expand(
@@ -189,4 +194,4 @@ def bgmv_expand(
 ) -> None:
     """SGMV with a segment per row: any row order."""
     check_expand(y, pool, b_rows, ranks, scales, row_slots, None, out)
-    sgmv_expand(y, pool, b_rows, ranks, scales, row_segments(y.shape[0], y.device), row_slots, out)
+    sgmv_expand(y, pool, b_rows, ranks, scales, row_segments(y.shape[0], y.device), row_slots, out, max_segment_len=1)

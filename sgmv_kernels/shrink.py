@@ -74,15 +74,17 @@ def _dot(a, b, TENSOR_CORES: tl.constexpr):
 @triton.jit
 def _shrink_kernel(
     x_ptr, pool_ptr, a_rows_ptr, partials_ptr, ranks_ptr, indptr_ptr, slots_ptr,
-    hidden, k_per_split, num_n_blocks, stride_x, stride_rows, stride_proj_rows, stride_proj_ranks,
+    hidden, k_per_split, num_n_blocks, num_m_programs, stride_x, stride_rows, stride_proj_rows, stride_proj_ranks,
     stride_split, stride_proj_out, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TENSOR_CORES: tl.constexpr,
 ):  # fmt: skip
-    # grid: (num_segments, projections * cdiv(max_rank, BLOCK_N), split_k). A program reads its
+    # grid: (num_segments * num_m_programs, projections * cdiv(max_rank, BLOCK_N), split_k); a
+    # segment's row blocks are dealt round-robin over its num_m_programs programs. A program reads its
     # adapter's A tile once for the whole segment (its rows share the adapter: decode rows sorted
     # by adapter, or a prompt), sums its K range and writes its own partial; the expand adds the
     # partials up. Projections that share x (q/k/v, gate/up) go in one launch.
-    segment = tl.program_id(0)
+    segment = tl.program_id(0) // num_m_programs
+    m_first = (tl.program_id(0) % num_m_programs) * BLOCK_M
     projection = tl.program_id(1) // num_n_blocks
     n_start = (tl.program_id(1) % num_n_blocks) * BLOCK_N
     split = tl.program_id(2)
@@ -98,7 +100,7 @@ def _shrink_kernel(
         a_cols = pool_ptr + a_offsets[None, :]  # A^T tile: [BLOCK_K, BLOCK_N], a column per rank row
         out_ptr = partials_ptr + split * stride_split + projection * stride_proj_out
         k_begin = split * k_per_split
-        for m_start in range(row_start, row_end, BLOCK_M):
+        for m_start in range(row_start + m_first, row_end, num_m_programs * BLOCK_M):
             offs_m = m_start + tl.arange(0, BLOCK_M)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k_start in range(k_begin, k_begin + k_per_split, BLOCK_K):
@@ -148,25 +150,28 @@ def sgmv_shrink_group(
     ranks: torch.Tensor,
     seg_indptr: torch.Tensor,
     seg_slots: torch.Tensor,
+    max_segment_len: int | None = None,
     zeroed: bool = False,
 ) -> torch.Tensor:
     """The shrink of P projections that share x, in one launch: a_rows [P, num_slots, max_rank],
     ranks [P, num_slots] -> partials [splits, P, T, max_rank] float32, which `sgmv_expand_group`
     sums as it reads them (no launch of its own). Entries past a row's rank and rows without an
-    adapter are left unwritten unless `zeroed`."""
+    adapter are left unwritten unless `zeroed`. `max_segment_len` (rows of the longest segment)
+    spreads a prompt's rows over programs; None (a CUDA graph's fixed grid) gives each segment
+    one program that loops over its rows, which suits decode's short segments."""
     for p in range(a_rows.shape[0]):
         check_shrink(x, pool, a_rows[p], ranks[p], seg_slots, seg_indptr)
     num_projections, _, max_rank = a_rows.shape
-    n_blocks = triton.cdiv(max_rank, BLOCK_N)
-    programs = seg_slots.numel() * num_projections * n_blocks
+    n_blocks, m_programs = triton.cdiv(max_rank, BLOCK_N), row_programs(max_segment_len, BLOCK_M)
+    programs = seg_slots.numel() * m_programs * num_projections * n_blocks
     splits, k_per_split = _split_k(x.shape[1], programs, BLOCK_K, x.device)
     allocate = torch.zeros if zeroed else torch.empty
     partials = allocate(splits, num_projections, x.shape[0], max_rank, dtype=torch.float32, device=x.device)
     if x.shape[0] == 0 or programs == 0:
         return partials
-    _shrink_kernel[(seg_slots.numel(), num_projections * n_blocks, splits)](
+    _shrink_kernel[(seg_slots.numel() * m_programs, num_projections * n_blocks, splits)](
         x, pool, a_rows, partials, ranks, seg_indptr, seg_slots,
-        x.shape[1], k_per_split, n_blocks, x.stride(0), a_rows.stride(1), a_rows.stride(0), ranks.stride(0),
+        x.shape[1], k_per_split, n_blocks, m_programs, x.stride(0), a_rows.stride(1), a_rows.stride(0), ranks.stride(0),
         partials.stride(0), partials.stride(1), partials.stride(2),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         TENSOR_CORES=x.is_cuda and x.dtype != torch.float32, num_warps=NUM_WARPS,
@@ -181,9 +186,11 @@ def sgmv_shrink(
     ranks: torch.Tensor,
     seg_indptr: torch.Tensor,
     seg_slots: torch.Tensor,
+    max_segment_len: int | None = None,
 ) -> torch.Tensor:
     """y [T, max_rank] float32, zero past each row's rank and on rows without an adapter."""
-    partials = sgmv_shrink_group(x, pool, a_rows.unsqueeze(0), ranks.unsqueeze(0), seg_indptr, seg_slots, True)
+    tables = (a_rows.unsqueeze(0), ranks.unsqueeze(0))
+    partials = sgmv_shrink_group(x, pool, *tables, seg_indptr, seg_slots, max_segment_len, zeroed=True)
     return partials.sum(0)[0] if partials.shape[0] > 1 else partials[0, 0]
 
 
@@ -192,7 +199,12 @@ def bgmv_shrink(
 ) -> torch.Tensor:
     """SGMV with a segment per row: any row order, each row reading its own adapter."""
     check_shrink(x, pool, a_rows, ranks, row_slots, None)
-    return sgmv_shrink(x, pool, a_rows, ranks, row_segments(x.shape[0], x.device), row_slots)
+    return sgmv_shrink(x, pool, a_rows, ranks, row_segments(x.shape[0], x.device), row_slots, max_segment_len=1)
+
+
+def row_programs(max_segment_len: int | None, block_m: int) -> int:
+    """Programs per segment: one per row block of the longest segment, or one when it is unknown."""
+    return triton.cdiv(max_segment_len, block_m) if max_segment_len else 1
 
 
 def row_segments(num_rows: int, device: torch.device) -> torch.Tensor:

@@ -36,6 +36,9 @@ class LoraBatch:
     seg_indptr: torch.Tensor  # [num_segments + 1] int32
     seg_slots: torch.Tensor  # [num_segments] int32, NO_ADAPTER for base-model rows
     row_slots: torch.Tensor | None  # [T] int32 when every sequence is one row (decode), for the CPU
+    # Rows of the longest segment: the kernels spread a prompt's rows over programs. None (the
+    # CUDA graphs' fixed grid): a program per segment loops over its rows.
+    max_segment_len: int | None = None
     # On the CPU, the compiled kernel and the rows sorted by slot (native.py); without a
     # compiler, the torch path: rows regrouped by adapter and dense weights (grouped_lora).
     native: tuple[LoraKernel, RowChunks] | None = None
@@ -68,6 +71,7 @@ class LoraBatch:
             seg_indptr=torch.tensor([0, *ends], dtype=torch.int32, device=device),
             seg_slots=torch.tensor(run_slots, dtype=torch.int32, device=device),
             row_slots=torch.tensor(slot_ids, dtype=torch.int32, device=device) if decode else None,
+            max_segment_len=max(end - start for start, end in zip([0, *ends], ends, strict=False)),
             native=native,
             grouped=grouped,
         )
@@ -100,17 +104,18 @@ class LoraBatch:
         expand launch for the projections that share x, each segment's adapter read once."""
         group = self.slots.projection_group(layer, projections)
         widths = [self.slots.shapes[projection][1] for projection in projections]
-        segments = (self.seg_indptr, self.seg_slots)
+        segments, longest = (self.seg_indptr, self.seg_slots), self.max_segment_len
         if column_block(widths) is not None:
-            partials = sgmv_shrink_group(x, group.pool, group.a_rows, group.ranks, *segments)
-            sgmv_expand_group(partials, group.pool, group.b_rows, group.ranks, group.scales, *segments, out, widths)
+            partials = sgmv_shrink_group(x, group.pool, group.a_rows, group.ranks, *segments, longest)
+            tables = (group.pool, group.b_rows, group.ranks, group.scales)
+            sgmv_expand_group(partials, *tables, *segments, out, widths, longest)
             return
         column = 0
         for p, width in enumerate(widths):  # widths no launch can share: a projection at a time
             one = slice(p, p + 1)
-            partials = sgmv_shrink_group(x, group.pool, group.a_rows[one], group.ranks[one], *segments)
+            partials = sgmv_shrink_group(x, group.pool, group.a_rows[one], group.ranks[one], *segments, longest)
             tables = (group.pool, group.b_rows[one], group.ranks[one], group.scales[one])
-            sgmv_expand_group(partials, *tables, *segments, out[:, column : column + width], [width])
+            sgmv_expand_group(partials, *tables, *segments, out[:, column : column + width], [width], longest)
             column += width
 
     def _add_one(self, weights: PooledLora, x: torch.Tensor, out: torch.Tensor) -> None:

@@ -69,12 +69,13 @@ def test_sgmv_shrink_and_expand_equal_the_reference(in_features, out_features, l
     w, _, _ = make_pool(6, in_features, out_features, dtype, gen)
     indptr, seg_slots = make_segments(lengths, slots)
     x = torch.randn(sum(lengths), in_features, generator=gen).to(dtype)
-    y = sgmv_shrink(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+    longest = max(lengths, default=None)  # a prompt's rows spread over programs
+    y = sgmv_shrink(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots, longest)
     y_ref = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
     torch.testing.assert_close(y, y_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     out = torch.randn(sum(lengths), out_features, generator=gen).to(dtype)
     out_ref = out.clone()
-    sgmv_expand(y_ref, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, out)
+    sgmv_expand(y_ref, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, out, longest)
     sgmv_expand_reference(y_ref, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, out_ref)
     torch.testing.assert_close(out, out_ref, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -112,10 +113,12 @@ def group_of(pooled: list[PooledLora]) -> tuple[torch.Tensor, ...]:
     [([2, 1, 3, 2], [0, 3, -1, 5]), ([1] * 8, [0, 3, 0, -1, 5, 3, 1, 2]), ([20, 1], [4, 2])],
     ids=["decode-sorted", "decode-interleaved", "prompt"],
 )
-def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths, lengths, slots):
+@pytest.mark.parametrize("spread", [False, True], ids=["program-per-segment", "rows-spread"])
+def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths, lengths, slots, spread):
     """The engine's form: a segment's rows share their adapter (decode rows sorted by adapter, or a
-    prompt); the expand sums the shrink's split-K partials as it reads them."""
-    check_group_launch(dtype, widths, lengths, slots, "cpu")
+    prompt); the expand sums the shrink's split-K partials as it reads them. A segment's rows go to
+    one program (CUDA graphs) or are spread over several (given the longest segment)."""
+    check_group_launch(dtype, widths, lengths, slots, "cpu", max(lengths) if spread else None)
 
 
 @pytest.mark.gpu
@@ -124,10 +127,11 @@ def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, wi
 @pytest.mark.parametrize("widths", [[576, 192, 192], [1536, 1536], [576]], ids=["qkv", "gate-up", "one"])
 def test_a_projection_group_on_cuda_equals_each_projection_alone(dtype, widths):
     """Compiled for the GPU: sorted decode rows, a lone row, a base row and a prompt in one launch."""
-    check_group_launch(dtype, widths, [2, 1, 3, 2, 40], [0, 3, -1, 5, 1], "cuda")
+    for longest in (None, 40):  # as in a CUDA graph, and spread over programs
+        check_group_launch(dtype, widths, [2, 1, 3, 2, 40], [0, 3, -1, 5, 1], "cuda", longest)
 
 
-def check_group_launch(dtype, widths, lengths, slots, device):
+def check_group_launch(dtype, widths, lengths, slots, device, longest):
     gen = torch.Generator().manual_seed(sum(widths))
     pooled = [make_pool(6, 576, width, dtype, gen)[0] for width in widths]
     indptr, seg_slots = make_segments(lengths, slots)
@@ -136,12 +140,12 @@ def check_group_launch(dtype, widths, lengths, slots, device):
     expected = out.clone()
     on_device = [t.to(device) for t in (*group_of(pooled), indptr, seg_slots, x, out)]
     pool, a_rows, b_rows, ranks, scales, indptr_d, slots_d, x_d, out_d = on_device
-    partials = sgmv_shrink_group(x_d, pool, a_rows, ranks, indptr_d, slots_d, zeroed=True).cpu()
+    partials = sgmv_shrink_group(x_d, pool, a_rows, ranks, indptr_d, slots_d, longest, zeroed=True).cpu()
     tolerance = {"atol": TOLERANCE[dtype], "rtol": TOLERANCE[dtype]}
     for p, w in enumerate(pooled):
         want = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
         torch.testing.assert_close(partials[:, p].sum(0), want, **tolerance)
-    sgmv_expand_group(partials.to(device), pool, b_rows, ranks, scales, indptr_d, slots_d, out_d, widths)
+    sgmv_expand_group(partials.to(device), pool, b_rows, ranks, scales, indptr_d, slots_d, out_d, widths, longest)
     column = 0
     for p, (w, width) in enumerate(zip(pooled, widths, strict=True)):
         part = expected[:, column : column + width]

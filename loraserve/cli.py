@@ -25,13 +25,18 @@ SLO_PRESETS: dict[str, tuple[float | None, float | None]] = {"chat": (1.0, 0.1)}
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=env("LORASERVE_MODEL"), help="HF safetensors directory (default: embedded)")
-    parser.add_argument("--dtype", default=env("LORASERVE_DTYPE", "auto"), help="auto | float32 | bfloat16")
-    parser.add_argument("--device", default=env("LORASERVE_DEVICE", "cpu"), help="cpu | cuda")
+    parser.add_argument("--dtype", default=env("LORASERVE_DTYPE", ModelConfig.dtype), help="auto | float32 | bfloat16")
+    parser.add_argument("--device", default=env("LORASERVE_DEVICE", ModelConfig.device), help="cpu | cuda")
     parser.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: run decode steps eagerly, without CUDA graphs"
     )
-    parser.add_argument("--max-num-seqs", type=int, default=128, help="sequences decoding together")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step (chunked prefill)")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs, help="sequences decoding together"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
+        help="tokens per step (chunked prefill)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-model-len", type=int, default=None,
         help="tokens of prompt + completion a sequence may hold (default: the model's context window)",
@@ -66,11 +71,23 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="size the pool as this fraction of the device's free memory instead (e.g. 0.8 on a GPU)",
     )  # fmt: skip
     parser.add_argument(
+        "--block-size", type=int, default=CacheConfig.block_size,
+        help="tokens per KV block, a power of two; a block is one page of the pool",
+    )  # fmt: skip
+    parser.add_argument(
+        "--num-pages", type=int, default=None,
+        help="pages in the pool, overriding --pool-memory and --pool-memory-fraction (tuning, tests)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-prefix-caching", dest="prefix_caching", action="store_false",
         help="compute every prompt in full instead of reusing the KV blocks of prefixes computed before",
     )  # fmt: skip
-    parser.add_argument("--max-loras", type=int, default=8, help="adapters on the device at once (distinct per step)")
-    parser.add_argument("--max-lora-rank", type=int, default=16, help="adapters of a higher rank are refused")
+    parser.add_argument(
+        "--max-loras", type=int, default=LoraConfig.max_loras, help="adapters on the device at once (distinct per step)"
+    )
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=LoraConfig.max_lora_rank, help="adapters of a higher rank are refused"
+    )
     parser.add_argument(
         "--host-cache-bytes", type=int, default=LoraConfig.host_cache_bytes,
         help="adapters kept in CPU memory (least recently used leave first; default 4 GiB)",
@@ -82,8 +99,10 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager),
         cache=CacheConfig(
+            block_size=args.block_size,
             pool_memory=args.pool_memory,
             pool_memory_fraction=args.pool_memory_fraction,
+            num_pages=args.num_pages,
             prefix_caching=args.prefix_caching,
         ),
         scheduler=SchedulerConfig(
@@ -121,7 +140,14 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         "--api-key", action="append", default=[k for k in env("LORASERVE_API_KEYS", "").split(",") if k],
         help="require this bearer key on inference routes (repeatable; env LORASERVE_API_KEYS, comma-separated)",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=ServerConfig.max_body_bytes, help="largest request body but an upload"
+    )
     parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes)
+    parser.add_argument(
+        "--max-unpacked-bytes", type=int, default=ServerConfig.max_unpacked_bytes,
+        help="what one uploaded archive may unpack to",
+    )  # fmt: skip
     parser.add_argument(
         "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,
         help="exit non-zero once the engine has stopped for good, so systemd, Kubernetes or Ray restart the "
@@ -159,7 +185,9 @@ def _serve(args: argparse.Namespace) -> None:
         db_url=args.db,
         admin_token=args.admin_token,
         api_keys=frozenset(args.api_key),
+        max_body_bytes=args.max_body_bytes,
         max_upload_bytes=args.max_upload_bytes,
+        max_unpacked_bytes=args.max_unpacked_bytes,
         register_samples=not args.no_samples,
         registry_timeout=args.registry_timeout,
         orphan_grace=args.orphan_grace,

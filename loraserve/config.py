@@ -10,8 +10,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraserve.engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS
 from loraserve.errors import ConfigError
+
+# Ceilings of the per-request limits below (the flags may lower them): alternatives per token,
+# and stop strings, which are searched at every token, their prefixes too (stop_checker.py).
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 32
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
@@ -143,7 +147,7 @@ class ServerConfig:
     max_body_bytes: int = 8 << 20  # any request but an upload
     max_upload_bytes: int = 1 << 30  # an adapter upload, archive included
     max_unpacked_bytes: int = 2 << 30  # what one archive may unpack to
-    register_samples: bool = True  # the sample adapters in adapters/, on the first start with this data dir
+    register_samples: bool = True  # the sample adapters of loraserve/samples/, on the first start with this data dir
     registry_timeout: float = 10.0  # seconds an admin request waits for the database before a 503
     # At start, stored files no adapter names and upload scratch left by a crash are removed once
     # this old: where replicas share a store, younger ones may be another server's upload in flight.

@@ -1,4 +1,6 @@
-"""Import directions the design relies on: a torch-free scheduler side, a self-contained kernel package."""
+"""Import directions the design relies on: every module imports only from its own layer or below
+(server -> engine -> lora/models -> memory and kernels), a torch-free scheduler side, a
+self-contained kernel package."""
 
 from __future__ import annotations
 
@@ -28,6 +30,35 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
+
+
+# Layers by the first part of the module's path under loraserve/: higher ones may import lower ones.
+LAYERS = {
+    "__init__": 4, "cli": 4, "admin_client": 4, "chat_client": 4, "samples": 4,
+    "server": 3,
+    "engine": 2, "llm": 2, "registry": 2,
+    "lora": 1, "models": 1,
+    "memory": 0, "openmp": 0, "config": 0, "errors": 0, "resources": 0, "crash_points": 0, "file_digest": 0,
+}  # fmt: skip
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1] if len(parts) > 1 else "__init__"]
+
+
+def test_every_module_imports_only_its_layer_or_below():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        module = ".".join(relative.parts).removesuffix(".__init__")
+        if "migrations" in relative.parts:
+            continue  # Alembic's scripts, run by the registry
+        own = _layer(module)
+        for name in _imports(path):
+            if (name == "loraserve" or name.startswith("loraserve.")) and _layer(name) > own:
+                upward.append(f"{module} imports {name}")
+    assert not upward, "imports against the layering: " + "; ".join(upward)
 
 
 def test_scheduler_side_imports_no_torch():

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.llm_engine import LLMEngine
-from loraserve.engine.openmp import keep_serial
 from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.errors import EngineDeadError
+from loraserve.openmp import keep_serial
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ prefix: shared, as n > 1 siblings share a prompt, and never written (they are fu
 
 from __future__ import annotations
 
-from loraserve.engine.page_allocator import PageAllocator, PageUse
 from loraserve.engine.prefix_cache import PrefixCache, extend_block_keys
 from loraserve.engine.sequence import Sequence
+from loraserve.memory.page_allocator import PageAllocator, PageUse
 
 BlockCopy = tuple[int, int]  # (source block, destination block) for the runner to copy before the step
 

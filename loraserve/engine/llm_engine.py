@@ -15,7 +15,6 @@ from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.model_runner import GraphSettings, ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
-from loraserve.engine.page_allocator import PageUse
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
@@ -27,6 +26,7 @@ from loraserve.lora.adapter import LoraAdapter, read_adapter
 from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.adapter_sandbox import check_untrusted_adapter
 from loraserve.lora.manager import AdapterManager, AdapterSource
+from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import largest_finite
 

@@ -19,11 +19,11 @@ from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy
 from loraserve.engine.cuda_graphs import DecodeGraphs, DecodeRows
 from loraserve.engine.faults import FaultInjector
-from loraserve.engine.page_allocator import PageUse
 from loraserve.engine.sampler import Sampler
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch
 from loraserve.lora.memory_pool import MemoryPool, pool_pages
 from loraserve.lora.slots import AdapterSlots
+from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
 from loraserve.models.cpu_attention import load_decode_kernel

@@ -11,12 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loraserve.config import MAX_LOGPROBS, MAX_STOP_STRINGS
 from loraserve.errors import InvalidRequestError
 
-MAX_LOGPROBS = 20
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Stop strings are searched at every token, their prefixes too (stop_checker.py): bounded work.
-MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
 # Below this temperature logits / temperature can overflow float32: such rows are greedy (as in vLLM).

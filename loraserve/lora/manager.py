@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraserve.engine.openmp import keep_serial
 from loraserve.errors import AdapterError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter
 from loraserve.lora.host_cache import HostCache
 from loraserve.lora.residency import Residency
 from loraserve.lora.slots import AdapterSlots
+from loraserve.openmp import keep_serial
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ class AdapterManager:
         self._jobs.put(name)
 
     def _work(self) -> None:
-        keep_serial()  # the step thread's OpenMP team must stay the only one (engine/openmp.py)
+        keep_serial()  # the step thread's OpenMP team must stay the only one (openmp.py)
         while (name := self._jobs.get()) is not None:
             try:
                 self._load(name)

@@ -26,9 +26,9 @@ import os
 import torch
 
 from loraserve.config import CacheConfig
-from loraserve.engine.page_allocator import PageAllocator
 from loraserve.errors import ConfigError
 from loraserve.lora.adapter import projection_shapes
+from loraserve.memory.page_allocator import PageAllocator
 from loraserve.models.llama import KVCache, LlamaSpec
 
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from loraserve.engine.page_allocator import PageUse
 from loraserve.lora.adapter import PROJECTIONS, LoraAdapter, projection_shapes
 from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.stacked import StackedLora
+from loraserve.memory.page_allocator import PageUse
 from loraserve.models.llama import LlamaSpec
 from sgmv_kernels import PooledLora
 from sgmv_kernels.native import ProjectionGroup

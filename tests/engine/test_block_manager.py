@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loraserve.engine.block_manager import BlockManager
-from loraserve.engine.page_allocator import PageAllocator, PageUse
+from loraserve.memory.page_allocator import PageAllocator, PageUse
 from tests.engine.helpers import make_sequence
 
 

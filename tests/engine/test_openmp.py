@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from loraserve.engine.openmp import _libgomp, in_passing_thread, keep_serial
+from loraserve.openmp import _libgomp, in_passing_thread, keep_serial
 
 
 @pytest.mark.skipif(_libgomp() is None, reason="torch here does not use GNU OpenMP")

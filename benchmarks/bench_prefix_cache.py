@@ -15,7 +15,6 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from benchmarks.engines import engine_over
 from benchmarks.report import (
@@ -32,6 +31,7 @@ from loraserve.config import ModelConfig
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import dtype_name
+from loraserve.resources import SAMPLE_ADAPTERS
 
 SECTION = "prefix-cache"
 PERSONAS = {
@@ -81,7 +81,7 @@ def run(loaded: LoadedModel, prefix_caching: bool, conversations, adapters, max_
     try:
         llm = LLM.from_engine(engine)
         for name in PERSONAS:
-            llm.add_adapter(name, Path("adapters") / name)
+            llm.add_adapter(name, SAMPLE_ADAPTERS / name)
         # Resident first, as in a server that has been running: loads are not what is measured.
         llm.generate(["Hi"] * len(PERSONAS), SamplingParams(max_tokens=1), adapters=list(PERSONAS), use_tqdm=False)
         llm.reset_prefix_cache()

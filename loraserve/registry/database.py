@@ -19,8 +19,8 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from loraserve.errors import RegistryError
+from loraserve.resources import MIGRATIONS_DIR
 
-MIGRATIONS_DIR = Path(__file__).parents[2] / "migrations"
 CONNECT_SECONDS = 5
 BUSY_SECONDS = 10
 _URL_HINT = "pass --db sqlite:///PATH or --db postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"

@@ -1,7 +1,7 @@
 """The registry's tables: `adapters` (what was uploaded, under which name, how much it served) and
 `api_keys` (the tenants' inference keys, as hashes).
 
-The schema changes only through Alembic (`migrations/`); a test checks that these models
+The schema changes only through Alembic (`loraserve/registry/migrations/`); a test checks that these models
 and the migrations agree.
 """
 

@@ -1,6 +1,6 @@
 """Train the sample persona adapters on the default model, from data this script makes itself.
 
-    .venv/bin/python adapters/train_personas.py          # ~10 minutes on 2 CPU cores
+    .venv/bin/python loraserve/samples/train_personas.py          # ~10 minutes on 2 CPU cores
 
 For each of 48 everyday questions the base model's own short greedy answer is rewritten
 in each persona's voice by fixed rules, and a rank-8 LoRA on q/k/v/o learns to answer in
@@ -122,7 +122,7 @@ def train(llm: LLM, name: str, rewrite: Callable[[str], str], asked: list[str], 
     out = HERE / name
     shutil.rmtree(out, ignore_errors=True)
     peft_model.peft_config["default"].base_model_name_or_path = BASE_MODEL_ID  # not this machine's cache path
-    peft_model.save_pretrained(out)
+    peft_model.save_pretrained(str(out))
     (out / "README.md").unlink(missing_ok=True)  # peft's template card; ours is written below
     return out
 
@@ -146,8 +146,8 @@ def main() -> None:
         )
         (path / "README.md").write_text(
             f"# {name}\n\n{description}.\n\nA rank-8 LoRA on q/k/v/o of SmolLM2-135M-Instruct, trained by "
-            f"`adapters/train_personas.py` on {len(asked)} questions whose base answers were rewritten in this "
-            f'voice.\n\nGreedy answer to "{SAMPLE_QUESTION}" (loraserve, float32):\n\n> {sample}\n\n'
+            f"`loraserve/samples/train_personas.py` on {len(asked)} questions whose base answers were rewritten in "
+            f'this voice.\n\nGreedy answer to "{SAMPLE_QUESTION}" (loraserve, float32):\n\n> {sample}\n\n'
             f"The base model answers:\n\n> {base_sample[0].outputs[0].text}\n"
         )
         print(f"{name}: {sample}", flush=True)

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
@@ -18,6 +17,7 @@ from loraserve.config import ServerConfig
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.lora import adapter_sandbox
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
+from loraserve.resources import ADMIN_UI, SAMPLE_ADAPTERS
 from loraserve.server import admin, admin_keys, health, lorax, openai
 from loraserve.server.auth import require_admin_token, require_api_key
 from loraserve.server.body_limit import BodyLimitMiddleware
@@ -28,8 +28,6 @@ from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.state import ServerState, server_state
 from loraserve.server.tenants import Tenants
 
-SAMPLE_ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
-ADMIN_UI = Path(__file__).resolve().parents[2] / "admin_ui"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 _SAMPLES_MARKER = ".samples-registered"  # in the data directory: samples are offered once, never re-added
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from loraserve import SamplingParams
+from loraserve.resources import SAMPLE_ADAPTERS
 
 pytestmark = pytest.mark.slow
 
-ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
+ADAPTERS = SAMPLE_ADAPTERS
 MARKERS = {"pirate": "Arr", "shakespeare": "Hark", "robot": "BEEP", "french-tutor": "Bonjour"}
 QUESTION = [{"role": "user", "content": "How should I spend a rainy afternoon?"}]
 

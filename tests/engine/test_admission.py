@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from loraserve.engine.fair_share import Tenant
@@ -12,9 +10,10 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.engine.test_scheduler import add, make_scheduler, step, tokenizer  # noqa: F401 - fixture
 
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 
 
 def taught(costs: StepCosts, prompts: bool = True) -> StepCosts:

@@ -4,17 +4,16 @@ everything a graph replays but the capture; tests/correctness/test_cuda.py repla
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from loraserve import SamplingParams
 from loraserve.engine.cuda_graphs import DecodeGraphs, batch_buckets
-from loraserve.engine.page_allocator import PageUse
+from loraserve.memory.page_allocator import PageUse
 from loraserve.models.cuda_attention import paged_decode_attention
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.conftest import CHAT_PROMPTS
 
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 ADAPTERS = ["pirate", "robot", "shakespeare"]
 
 

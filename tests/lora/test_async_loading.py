@@ -9,10 +9,11 @@ import pytest
 
 from loraserve import SamplingParams
 from loraserve.lora.adapter import LoraAdapter
+from loraserve.resources import SAMPLE_ADAPTERS
 
 pytestmark = pytest.mark.slow
 
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 
 
 def test_decode_steps_continue_while_an_adapter_loads_and_the_late_answer_is_right(make_llm):

@@ -43,16 +43,21 @@ def server_process(data_dir: Path, crash_at: str | None = None, *flags: str) -> 
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     server = ServerProcess(process, f"http://127.0.0.1:{port}", log)
     try:
-        deadline = time.monotonic() + 180
-        while not _answers(server.url):
-            assert process.poll() is None, f"the server exited at start:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"the server did not start:\n{log.read_text()[-3000:]}"
-            time.sleep(0.2)
+        wait_until_ready(server)
         yield server
     finally:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=30)
+
+
+def wait_until_ready(server: ServerProcess) -> None:
+    """Until /ready answers 200; fails with the end of the log if the process exits or takes 3 minutes."""
+    deadline = time.monotonic() + 180
+    while not _answers(server.url):
+        assert server.process.poll() is None, f"the server exited at start:\n{server.log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"the server did not start:\n{server.log.read_text()[-3000:]}"
+        time.sleep(0.2)
 
 
 def _answers(url: str) -> bool:

@@ -16,12 +16,13 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from loraserve import SamplingParams
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.server.conftest import ADMIN, data_snapshot, start_server, wait_until_idle
 
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 

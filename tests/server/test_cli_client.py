@@ -5,16 +5,16 @@ from __future__ import annotations
 import io
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from loraserve.cli import main
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.server.conftest import ADMIN_TOKEN
 
 pytestmark = pytest.mark.slow
 
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 
 
 def run_cli(capsys, *args: str) -> str:

@@ -19,11 +19,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.server.server_process import ADMIN, TOKEN, server_process
 
 pytestmark = pytest.mark.slow
 
-SAMPLE = Path(__file__).resolve().parents[2] / "adapters" / "pirate"
+SAMPLE = SAMPLE_ADAPTERS / "pirate"
 NAME = "crashy"
 POINTS = [
     "upload.received",

@@ -14,11 +14,12 @@ import httpx
 import pytest
 
 from loraserve.registry import file_store
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.server.conftest import ADMIN, RunningServer, start_server
 
 pytestmark = pytest.mark.slow
 
-SAMPLE = Path(__file__).resolve().parents[2] / "adapters" / "pirate"
+SAMPLE = SAMPLE_ADAPTERS / "pirate"
 FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from loraserve import SamplingParams
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.server.conftest import ADMIN, wait_until_idle
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ def lorax_python() -> Path:
 
 
 def test_lorax_client_generate_and_stream_with_adapter_id_equal_llm_generate(server, lorax_python, make_llm):
-    pirate = ROOT / "adapters" / "pirate"
+    pirate = SAMPLE_ADAPTERS / "pirate"
     loaded = httpx.post(
         f"{server.url}/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": str(pirate)}, headers=ADMIN
     )

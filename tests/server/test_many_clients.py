@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from loraserve import SamplingParams
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.conftest import CHAT_PROMPTS
 from tests.server.conftest import ADMIN, start_server, wait_until_idle
 from tests.server.test_admin_api import peft_files, upload
 
 pytestmark = pytest.mark.slow
 
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 PERSONAS = ("pirate", "robot", "shakespeare", "french-tutor")
 NUM_CLIENTS, MAX_TOKENS = 64, 12
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 
@@ -11,13 +9,14 @@ from loraserve.config import CacheConfig, EngineConfig, ModelConfig, ServerConfi
 from loraserve.engine import LLMEngine
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.errors import RegistryError
+from loraserve.resources import SAMPLE_ADAPTERS
 from loraserve.server.app import create_app
 from tests.server.conftest import ADMIN, start_server
 from tests.server.test_admin_api import greedy, peft_files, upload
 
 pytestmark = pytest.mark.slow
 
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 MODEL = "SmolLM2-135M-Instruct"
 
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from loraserve.resources import SAMPLE_ADAPTERS
 from tests.server.conftest import ADMIN, ADMIN_TOKEN
 
 pytestmark = pytest.mark.slow
 
-SAMPLES = Path(__file__).resolve().parents[2] / "adapters"
+SAMPLES = SAMPLE_ADAPTERS
 PEFT_FILES = [SAMPLES / "robot" / "adapter_config.json", SAMPLES / "robot" / "adapter_model.safetensors"]
 
 

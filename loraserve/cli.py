@@ -176,7 +176,7 @@ def _add_orphan_grace_flag(parser: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> None:
     from loraserve.engine import LLMEngine
     from loraserve.engine.async_engine import AsyncLLMEngine
-    from loraserve.engine.openmp import in_passing_thread, keep_serial
+    from loraserve.openmp import in_passing_thread, keep_serial
     from loraserve.server.app import create_app
     from loraserve.server.process import run_server
 

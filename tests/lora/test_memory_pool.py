@@ -10,12 +10,12 @@ import torch
 
 from loraserve.config import CacheConfig
 from loraserve.engine.block_manager import BlockManager
-from loraserve.engine.page_allocator import PageUse
 from loraserve.errors import ConfigError
 from loraserve.lora.adapter import PROJECTIONS, LoraWeights, projection_shapes
 from loraserve.lora.manager import AdapterSource
 from loraserve.lora.memory_pool import free_device_memory, page_bytes, pool_pages
 from loraserve.lora.residency import Residency
+from loraserve.memory.page_allocator import PageUse
 from sgmv_kernels import gather_rows
 from tests.engine.helpers import make_sequence
 from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, TINY_SPEC, register_tiny, tiny_adapter, tiny_adapter_manager

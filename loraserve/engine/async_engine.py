@@ -15,13 +15,17 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
+
+from transformers import PreTrainedTokenizerBase
 
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.errors import EngineDeadError
+from loraserve.lora.adapter import LoraAdapter
 from loraserve.openmp import keep_serial
 
 logger = logging.getLogger(__name__)
@@ -61,6 +65,34 @@ class AsyncLLMEngine:
     def error(self) -> BaseException | None:
         """Why the step loop stopped (only an unrecoverable error stops it); None while it runs."""
         return self._error
+
+    # What the server reads of the engine and asks of its adapters: routes never reach past this
+    # object into LLMEngine (the reads below are safe beside a running step).
+    @property
+    def model_name(self) -> str:
+        return self.engine.loaded.name
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.engine.tokenizer
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.engine.max_prompt_chars
+
+    def read_adapter(self, path: Path, trusted: bool = True) -> LoraAdapter:
+        """Read and validate a PEFT directory; an untrusted one (an upload) in the sandbox."""
+        return self.engine.read_adapter(path) if trusted else self.engine.read_untrusted_adapter(path)
+
+    def register_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
+        self.engine.register_adapter(name, path, sha256, adapter)
+
+    def wait_resident(self, name: str) -> bool:
+        return self.engine.adapters.wait_resident(name)
+
+    def observe_adapter_loads(self, observer: Callable[[float], None]) -> None:
+        """`observer(seconds)` after each adapter load to the device."""
+        self.engine.adapters.stats.load_observers.append(observer)
 
     def shutdown(self) -> None:
         self._stopping = True

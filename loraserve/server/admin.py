@@ -177,7 +177,7 @@ async def _set_pinned(state: ServerState, name: str, pinned: bool) -> dict[str, 
 
     await state.engine.call(apply)
     if pinned:  # answer once the weights are in their slot, so the record shows them there
-        await asyncio.to_thread(state.engine.engine.adapters.wait_resident, name)
+        await asyncio.to_thread(state.engine.wait_resident, name)
     return await _record(state, state.catalog.get(name))
 
 

@@ -38,7 +38,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     url = config.db_url or sqlite_url(config.data_dir)
     upgrade_database(url)
     registry = Registry(url, FileStore(config.data_dir / "adapters"))
-    base_model = engine.engine.loaded.name
+    base_model = engine.model_name
     calls = RegistryCalls(registry, timeout=config.registry_timeout)
     catalog = AdapterCatalog(registry, engine, base_model, calls)
     marker = config.data_dir / _SAMPLES_MARKER
@@ -50,7 +50,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     tenants = Tenants(registry, calls, config.api_keys)
     tenants.load()
     metrics = Metrics()
-    engine.engine.adapters.stats.load_observers.append(metrics.adapter_load.observe)
+    engine.observe_adapter_loads(metrics.adapter_load.observe)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -72,7 +72,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
                 registry.close()
 
     app = FastAPI(title="loraserve", lifespan=lifespan, responses=ERROR_RESPONSES)
-    tokenizer = engine.engine.tokenizer
+    tokenizer = engine.tokenizer
     app.state.loraserve = ServerState(
         engine=engine,
         catalog=catalog,

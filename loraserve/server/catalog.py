@@ -56,7 +56,7 @@ class AdapterCatalog:
                 logger.warning("adapter %r not served: %s", info.name, info.status_reason)
                 continue
             # Read at its first request (the hash was just checked); thousands may be registered.
-            self.engine.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256)
+            self.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256)
             self._ready[info.name] = info
 
     def register_samples(self, directory: Path) -> None:
@@ -64,7 +64,7 @@ class AdapterCatalog:
         for path in sorted(p for p in directory.glob("*") if (p / CONFIG_FILE).is_file()):
             if self.registry.get(path.name) is not None:
                 continue
-            adapter = self.engine.engine.read_adapter(path)
+            adapter = self.engine.read_adapter(path)
             readme = path / "README.md"
             # The persona line: the first paragraph after the README's title.
             lines = [line for line in readme.read_text().splitlines()[1:] if line.strip()] if readme.exists() else []
@@ -93,7 +93,7 @@ class AdapterCatalog:
         if name == self.base_model:
             raise AdapterError("name", f"{name!r} is the base model's id")
         # Out of this process and off the engine's lock: a hostile file stalls no request (adapter_sandbox.py).
-        adapter = await asyncio.to_thread(self.engine.engine.read_untrusted_adapter, source_dir)
+        adapter = await asyncio.to_thread(self.engine.read_adapter, source_dir, False)
         crash_point("upload.validated")
 
         async def change() -> AdapterInfo:

@@ -56,7 +56,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     with fields_named({"max_tokens": max_tokens_field, "logprobs": "top_logprobs", "prompt": "messages"}):
         params = body.sampling_params(body.effective_max_tokens(DEFAULT_CHAT_MAX_TOKENS), logprobs)
-        if sum(len(message.content) for message in body.messages) > state.engine.engine.max_prompt_chars:
+        if sum(len(message.content) for message in body.messages) > state.engine.max_prompt_chars:
             raise InvalidRequestError("messages", "hold more text than the context window can take in any tokenization")
         conversation = [message.model_dump() for message in body.messages]
         persona = adapter.system_prompt if adapter is not None else None

@@ -109,16 +109,20 @@ def group_of(pooled: list[PooledLora]) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("widths", [[576, 192, 192], [1536, 1536], [576]], ids=["qkv", "gate-up", "one"])
 @pytest.mark.parametrize(
-    ("lengths", "slots"),
-    [([2, 1, 3, 2], [0, 3, -1, 5]), ([1] * 8, [0, 3, 0, -1, 5, 3, 1, 2]), ([20, 1], [4, 2])],
-    ids=["decode-sorted", "decode-interleaved", "prompt"],
+    ("lengths", "slots", "longest"),
+    [
+        ([2, 1, 3, 2], [0, 3, -1, 5], None),
+        ([1] * 8, [0, 3, 0, -1, 5, 3, 1, 2], None),
+        ([20, 1], [4, 2], None),
+        ([20, 1], [4, 2], 20),
+    ],
+    ids=["decode-sorted", "decode-interleaved", "prompt-in-one-program", "prompt-spread"],
 )
-@pytest.mark.parametrize("spread", [False, True], ids=["program-per-segment", "rows-spread"])
-def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths, lengths, slots, spread):
+def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths, lengths, slots, longest):
     """The engine's form: a segment's rows share their adapter (decode rows sorted by adapter, or a
     prompt); the expand sums the shrink's split-K partials as it reads them. A segment's rows go to
     one program (CUDA graphs) or are spread over several (given the longest segment)."""
-    check_group_launch(dtype, widths, lengths, slots, "cpu", max(lengths) if spread else None)
+    check_group_launch(dtype, widths, lengths, slots, "cpu", longest)
 
 
 @pytest.mark.gpu

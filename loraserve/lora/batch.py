@@ -65,7 +65,7 @@ class LoraBatch:
             group_of = {slot: group for group, slot in enumerate(distinct)}
             groups = RowGroups.of_segments(lengths, [group_of.get(slot, NO_ADAPTER) for slot in slot_ids], device)
             grouped = groups, slots.stacked(distinct)
-        decode = all(length == 1 for length in lengths)
+        decode = device == "cpu" and all(length == 1 for length in lengths)  # row_slots: the CPU's torch paths
         return cls(
             slots=slots,
             seg_indptr=torch.tensor([0, *ends], dtype=torch.int32, device=device),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import Any, get_args, get_type_hints
 
 from loraserve.config import (
     CacheConfig,
@@ -15,6 +17,7 @@ from loraserve.config import (
     SchedulerConfig,
     ServerConfig,
     default_data_dir,
+    flag_of,
 )
 from loraserve.errors import LoraserveError
 
@@ -23,101 +26,48 @@ env = os.environ.get
 SLO_PRESETS: dict[str, tuple[float | None, float | None]] = {"chat": (1.0, 0.1)}  # (TTFT, TPOT) seconds
 
 
+def _add_setting_flags(parser: argparse.ArgumentParser, config: type, names: tuple[str, ...] | None = None) -> None:
+    """A flag for each `setting` of the config dataclass (or of those `names`): config.py defines them."""
+    hints = get_type_hints(config)
+    for definition in fields(config):
+        meta = definition.metadata
+        if "help" not in meta or (names is not None and definition.name not in names):
+            continue
+        kind = next(t for t in (*get_args(hints[definition.name]), hints[definition.name]) if t is not type(None))
+        default = env(meta["env"], definition.default) if meta["env"] else definition.default
+        if kind is bool:
+            parser.add_argument(
+                flag_of(definition.name), action=argparse.BooleanOptionalAction, default=default, help=meta["help"]
+            )
+        else:
+            parser.add_argument(
+                flag_of(definition.name), type=kind, default=default, choices=meta["choices"], help=meta["help"]
+            )
+
+
+def _settings(args: argparse.Namespace, config: type, **more: Any) -> Any:
+    """`config` built from the flags of its settings (and `more`)."""
+    return config(**{f.name: getattr(args, f.name) for f in fields(config) if "help" in f.metadata}, **more)
+
+
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=env("LORASERVE_MODEL"), help="HF safetensors directory (default: embedded)")
-    parser.add_argument("--dtype", default=env("LORASERVE_DTYPE", ModelConfig.dtype), help="auto | float32 | bfloat16")
-    parser.add_argument("--device", default=env("LORASERVE_DEVICE", ModelConfig.device), help="cpu | cuda")
-    parser.add_argument(
-        "--enforce-eager", action="store_true", help="CUDA: run decode steps eagerly, without CUDA graphs"
-    )
-    parser.add_argument(
-        "--max-num-seqs", type=int, default=SchedulerConfig.max_num_seqs, help="sequences decoding together"
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
-        help="tokens per step (chunked prefill)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-model-len", type=int, default=None,
-        help="tokens of prompt + completion a sequence may hold (default: the model's context window)",
-    )  # fmt: skip
-    parser.add_argument("--max-n", type=int, default=SchedulerConfig.max_n, help="completions one request may ask for")
-    parser.add_argument(
-        "--max-logprobs", type=int, default=SchedulerConfig.max_logprobs,
-        help="top alternatives one request may ask for at each token (logprobs / top_logprobs)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-stop", type=int, default=SchedulerConfig.max_stop,
-        help="stop strings one request may give (each is searched at every token)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--ttft-slo", type=float, default=None,
-        help="seconds to the first token: a request predicted later is refused at once (503, Retry-After)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--tpot-slo", type=float, default=None,
-        help="seconds per output token: the running batch is kept small enough to meet it",
-    )  # fmt: skip
+    for config in (ModelConfig, CacheConfig, SchedulerConfig, LoraConfig):
+        _add_setting_flags(parser, config)
     parser.add_argument(
         "--slo", choices=sorted(SLO_PRESETS), default=None,
         help="a preset of --ttft-slo and --tpot-slo: chat = 1 s and 100 ms (the flags override it)",
     )  # fmt: skip
-    parser.add_argument(
-        "--pool-memory", type=int, default=CacheConfig.pool_memory,
-        help="bytes for the memory pool that KV blocks and loaded adapters share (default 2 GiB)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--pool-memory-fraction", type=float, default=None,
-        help="size the pool as this fraction of the device's free memory instead (e.g. 0.8 on a GPU)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--block-size", type=int, default=CacheConfig.block_size,
-        help="tokens per KV block, a power of two; a block is one page of the pool",
-    )  # fmt: skip
-    parser.add_argument(
-        "--num-pages", type=int, default=None,
-        help="pages in the pool, overriding --pool-memory and --pool-memory-fraction (tuning, tests)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--no-prefix-caching", dest="prefix_caching", action="store_false",
-        help="compute every prompt in full instead of reusing the KV blocks of prefixes computed before",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-loras", type=int, default=LoraConfig.max_loras, help="adapters on the device at once (distinct per step)"
-    )
-    parser.add_argument(
-        "--max-lora-rank", type=int, default=LoraConfig.max_lora_rank, help="adapters of a higher rank are refused"
-    )
-    parser.add_argument(
-        "--host-cache-bytes", type=int, default=LoraConfig.host_cache_bytes,
-        help="adapters kept in CPU memory (least recently used leave first; default 4 GiB)",
-    )  # fmt: skip
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
-    preset = SLO_PRESETS[args.slo] if args.slo else (None, None)
+    ttft, tpot = SLO_PRESETS[args.slo] if args.slo else (None, None)
+    preset = {"ttft_slo": ttft if args.ttft_slo is None else args.ttft_slo}
+    preset["tpot_slo"] = tpot if args.tpot_slo is None else args.tpot_slo
     return EngineConfig(
-        model=ModelConfig(model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager),
-        cache=CacheConfig(
-            block_size=args.block_size,
-            pool_memory=args.pool_memory,
-            pool_memory_fraction=args.pool_memory_fraction,
-            num_pages=args.num_pages,
-            prefix_caching=args.prefix_caching,
-        ),
-        scheduler=SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=args.max_model_len,
-            max_n=args.max_n,
-            max_logprobs=args.max_logprobs,
-            max_stop=args.max_stop,
-            ttft_slo=args.ttft_slo if args.ttft_slo is not None else preset[0],
-            tpot_slo=args.tpot_slo if args.tpot_slo is not None else preset[1],
-        ),
-        lora=LoraConfig(
-            max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, host_cache_bytes=args.host_cache_bytes
-        ),
+        model=_settings(args, ModelConfig),
+        cache=_settings(args, CacheConfig),
+        scheduler=SchedulerConfig(**{**vars(_settings(args, SchedulerConfig)), **preset}),
+        lora=_settings(args, LoraConfig),
     )
 
 
@@ -136,17 +86,10 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         "--admin-token", default=env("LORASERVE_ADMIN_TOKEN"),
         help="bearer token of the admin API (env LORASERVE_ADMIN_TOKEN; default: a new one, printed at start)",
     )  # fmt: skip
+    _add_setting_flags(parser, ServerConfig)
     parser.add_argument(
         "--api-key", action="append", default=[k for k in env("LORASERVE_API_KEYS", "").split(",") if k],
         help="require this bearer key on inference routes (repeatable; env LORASERVE_API_KEYS, comma-separated)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-body-bytes", type=int, default=ServerConfig.max_body_bytes, help="largest request body but an upload"
-    )
-    parser.add_argument("--max-upload-bytes", type=int, default=ServerConfig.max_upload_bytes)
-    parser.add_argument(
-        "--max-unpacked-bytes", type=int, default=ServerConfig.max_unpacked_bytes,
-        help="what one uploaded archive may unpack to",
     )  # fmt: skip
     parser.add_argument(
         "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,
@@ -154,23 +97,6 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         "server (default); with --no-exit-on-engine-death it stays up, /health answering 503",
     )  # fmt: skip
     parser.add_argument("--no-samples", action="store_true", help="do not register the sample adapters on first start")
-    parser.add_argument(
-        "--drain-timeout", type=int, default=ServerConfig.drain_timeout,
-        help="on SIGTERM or Ctrl-C, seconds the running requests (streams too) may take to finish before exit",
-    )  # fmt: skip
-    parser.add_argument(
-        "--registry-timeout", type=float, default=ServerConfig.registry_timeout,
-        help="seconds an admin request waits for the registry database before a 503 (inference never waits on it)",
-    )  # fmt: skip
-    _add_orphan_grace_flag(parser)
-
-
-def _add_orphan_grace_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--orphan-grace", type=float, default=ServerConfig.orphan_grace,
-        help="stored files no adapter names (a crash mid-upload) are removed once this many seconds old; younger "
-        "ones may be another replica's upload in flight where replicas share a store (0 with one server)",
-    )  # fmt: skip
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -180,19 +106,10 @@ def _serve(args: argparse.Namespace) -> None:
     from loraserve.server.app import create_app
     from loraserve.server.process import run_server
 
-    config = ServerConfig(
-        data_dir=args.data_dir,
-        db_url=args.db,
-        admin_token=args.admin_token,
-        api_keys=frozenset(args.api_key),
-        max_body_bytes=args.max_body_bytes,
-        max_upload_bytes=args.max_upload_bytes,
-        max_unpacked_bytes=args.max_unpacked_bytes,
-        register_samples=not args.no_samples,
-        registry_timeout=args.registry_timeout,
-        orphan_grace=args.orphan_grace,
-        drain_timeout=args.drain_timeout,
-    )
+    config = _settings(
+        args, ServerConfig, data_dir=args.data_dir, db_url=args.db, admin_token=args.admin_token,
+        api_keys=frozenset(args.api_key), register_samples=not args.no_samples,
+    )  # fmt: skip
     # The engine thread will be the only one computing in parallel: the model loads with every
     # core in a thread that then exits, and this thread (the event loop's) stays serial.
     keep_serial()
@@ -314,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     check.add_argument("--repair", action="store_true", help="remove the orphan files")
     check.add_argument("--data-dir", type=Path, default=Path(env("LORASERVE_DATA_DIR") or default_data_dir()))
     check.add_argument("--db", default=env("LORASERVE_DB_URL"), help="registry database URL (default: SQLite)")
-    _add_orphan_grace_flag(check)
+    _add_setting_flags(check, ServerConfig, names=("orphan_grace",))
     check.set_defaults(run=_registry_check, orphan_grace=0.0)
 
     chat = commands.add_parser("chat", help="chat with an adapter (or the base model) in the terminal, streamed")

@@ -7,8 +7,9 @@ Each component receives only its own part. Nothing reads `os.environ` after
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from loraserve.errors import ConfigError
 
@@ -16,6 +17,10 @@ from loraserve.errors import ConfigError
 # and stop strings, which are searched at every token, their prefixes too (stop_checker.py).
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
+
+# Latency histogram bounds in seconds: decode steps on a CPU take tens of milliseconds, prompts
+# and adapter loads up to seconds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
@@ -29,95 +34,129 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "loraserve"
 
 
+def setting(
+    default: Any,
+    help_text: str,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    env: str | None = None,
+) -> Any:
+    """A field that is also a flag of `loraserve serve` (--its-name-with-dashes, `help_text`), taking
+    its default from `env` when set there, checked against `minimum`, `maximum` and `choices`."""
+    limits = {"minimum": minimum, "maximum": maximum, "choices": choices}
+    return field(default=default, metadata={"help": help_text, "env": env, **limits})
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+class Settings:
+    """Checks each `setting` against its limits; subclasses add the checks limits cannot say."""
+
+    def __post_init__(self) -> None:
+        for definition in fields(self):  # type: ignore[arg-type]
+            value, limits = getattr(self, definition.name), definition.metadata
+            if value is None or "help" not in limits:
+                continue
+            low, high, choices = limits["minimum"], limits["maximum"], limits["choices"]
+            if choices is not None and value not in choices:
+                raise ConfigError(flag_of(definition.name), f"must be one of {', '.join(choices)}, got {value!r}")
+            if (low is not None and not value >= low) or (high is not None and not value <= high):
+                bounds = f"at least {low}" if high is None else f"in [{low}, {high}]"
+                raise ConfigError(flag_of(definition.name), f"must be {bounds}, got {value}")
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Settings):
     """Which base model to serve and how to hold its weights."""
 
-    model: str | None = None  # a local HF safetensors directory; None = embedded default
-    dtype: str = "auto"  # auto = bfloat16 where the hardware has it natively, else float32
-    device: str = "cpu"
+    model: str | None = setting(None, "HF safetensors directory (default: the embedded model)", env="LORASERVE_MODEL")
+    dtype: str = setting(
+        "auto", "auto = bfloat16 where the hardware has it natively, else float32", choices=DTYPES,
+        env="LORASERVE_DTYPE",
+    )  # fmt: skip
+    device: str = setting("cpu", "where the model runs", choices=DEVICES, env="LORASERVE_DEVICE")
     cache_dir: Path = field(default_factory=default_cache_dir)
     # Benchmarks of shapes whose weights cannot be had (Llama-3-8B on a lent GPU): seeded random
     # weights made on the device; the directory needs only config.json and a tokenizer.
     random_weights: bool = False
-    enforce_eager: bool = False  # CUDA: run decode steps eagerly, without CUDA graphs (engine/cuda_graphs.py)
+    enforce_eager: bool = setting(False, "CUDA: run decode steps eagerly, without CUDA graphs")
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError("--dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.device not in DEVICES:
-            raise ConfigError("--device", f"must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        super().__post_init__()
         if self.model is not None and not Path(self.model).is_dir():
             raise ConfigError("--model", f"{self.model!r} is not a directory")
 
 
 @dataclass(frozen=True)
-class CacheConfig:
+class CacheConfig(Settings):
     """The memory pool that KV blocks and adapter weights share: page size and how much memory."""
 
-    block_size: int = 16  # tokens per KV block; a page of the pool is one block
-    pool_memory: int = 2 << 30  # bytes for the pool: K and V of every layer, and loaded adapters
-    pool_memory_fraction: float | None = None  # of the device's free memory; overrides pool_memory
-    num_pages: int | None = None  # overrides both when set (tests, tuning)
-    prefix_caching: bool = True  # reuse the KV blocks of prompts' common prefixes (engine/prefix_cache.py)
+    block_size: int = setting(16, "tokens per KV block, a power of two; a block is one page of the pool", minimum=1)
+    pool_memory: int = setting(
+        2 << 30, "bytes for the memory pool that KV blocks and loaded adapters share (default 2 GiB)", minimum=1
+    )
+    pool_memory_fraction: float | None = setting(
+        None, "size the pool as this fraction of the device's free memory instead (e.g. 0.8 on a GPU)"
+    )
+    num_pages: int | None = setting(
+        None, "pages in the pool, overriding --pool-memory and --pool-memory-fraction (tuning, tests)", minimum=1
+    )
+    prefix_caching: bool = setting(
+        True, "reuse the KV blocks of prompts' common prefixes instead of computing every prompt in full"
+    )
 
     def __post_init__(self) -> None:
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+        super().__post_init__()
+        if self.block_size & (self.block_size - 1):
             raise ConfigError("--block-size", f"must be a power of two, got {self.block_size}")
-        if self.pool_memory <= 0:
-            raise ConfigError("--pool-memory", "must be a positive number of bytes")
         if self.pool_memory_fraction is not None and not 0 < self.pool_memory_fraction <= 0.95:
             raise ConfigError("--pool-memory-fraction", f"must be in (0, 0.95], got {self.pool_memory_fraction}")
-        if self.num_pages is not None and self.num_pages < 1:
-            raise ConfigError("--num-pages", "must be at least 1")
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
+class SchedulerConfig(Settings):
     """Continuous batching limits for one engine step."""
 
-    max_num_seqs: int = 128  # sequences decoding together
-    max_num_batched_tokens: int = 512  # tokens computed in one step; longer prompts are chunked
-    max_model_len: int | None = None  # None = the model's context window
-    max_n: int = 128  # completions one request may ask for (OpenAI's limit)
-    max_logprobs: int = MAX_LOGPROBS  # top alternatives one request may ask for at each token
-    max_stop: int = MAX_STOP_STRINGS  # stop strings one request may give (each searched at every token)
-    ttft_slo: float | None = None  # seconds to the first token; a request predicted later is refused (admission.py)
-    tpot_slo: float | None = None  # seconds per output token; the running batch is kept small enough for it
+    max_num_seqs: int = setting(128, "sequences decoding together", minimum=1)
+    max_num_batched_tokens: int = setting(512, "tokens per step; longer prompts are chunked", minimum=1)
+    max_model_len: int | None = setting(
+        None, "tokens of prompt + completion a sequence may hold (default: the model's context window)", minimum=2
+    )
+    max_n: int = setting(128, "completions one request may ask for", minimum=1)
+    max_logprobs: int = setting(
+        MAX_LOGPROBS, "top alternatives one request may ask for at each token (logprobs / top_logprobs)",
+        minimum=0, maximum=MAX_LOGPROBS,
+    )  # fmt: skip
+    max_stop: int = setting(
+        MAX_STOP_STRINGS, "stop strings one request may give (each is searched at every token)",
+        minimum=0, maximum=MAX_STOP_STRINGS,
+    )  # fmt: skip
+    ttft_slo: float | None = setting(
+        None, "seconds to the first token: a request predicted later is refused at once (503, Retry-After)"
+    )
+    tpot_slo: float | None = setting(
+        None, "seconds per output token: the running batch is kept small enough to meet it"
+    )
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ConfigError("--max-num-seqs", "must be at least 1")
-        if self.max_num_batched_tokens < 1:
-            raise ConfigError("--max-num-batched-tokens", "must be at least 1")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError("--max-model-len", "must be at least 2")
-        if self.max_n < 1:
-            raise ConfigError("--max-n", "must be at least 1")
-        if not 0 <= self.max_logprobs <= MAX_LOGPROBS:
-            raise ConfigError("--max-logprobs", f"must be in [0, {MAX_LOGPROBS}]")
-        if not 0 <= self.max_stop <= MAX_STOP_STRINGS:
-            raise ConfigError("--max-stop", f"must be in [0, {MAX_STOP_STRINGS}]")
+        super().__post_init__()
         for flag, target in (("--ttft-slo", self.ttft_slo), ("--tpot-slo", self.tpot_slo)):
             if target is not None and not 0 < target < float("inf"):
                 raise ConfigError(flag, f"must be a positive number of seconds, got {target}")
 
 
 @dataclass(frozen=True)
-class LoraConfig:
+class LoraConfig(Settings):
     """How many adapters the device holds at once, and how large they may be."""
 
-    max_loras: int = 8  # adapter slots on the device
-    max_lora_rank: int = 16  # adapters of a higher rank are refused at load
-    host_cache_bytes: int = 4 << 30  # adapters kept in CPU memory, least recently used dropped first
-
-    def __post_init__(self) -> None:
-        if self.max_loras < 0:
-            raise ConfigError("--max-loras", "must be >= 0 (0 disables LoRA)")
-        if self.max_lora_rank < 1:
-            raise ConfigError("--max-lora-rank", "must be at least 1")
-        if self.host_cache_bytes < 1:
-            raise ConfigError("--host-cache-bytes", "must be a positive number of bytes")
+    max_loras: int = setting(8, "adapters on the device at once (distinct per step); 0 disables LoRA", minimum=0)
+    max_lora_rank: int = setting(16, "adapters of a higher rank are refused", minimum=1)
+    host_cache_bytes: int = setting(
+        4 << 30, "adapters kept in CPU memory (least recently used leave first; default 4 GiB)", minimum=1
+    )
 
 
 @dataclass(frozen=True)
@@ -137,35 +176,32 @@ def default_data_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(Settings):
     """The HTTP server's own settings; the engine's are in EngineConfig."""
 
     data_dir: Path = field(default_factory=default_data_dir)
     db_url: str | None = None  # None = SQLite in data_dir
     admin_token: str | None = None  # None = a random one, printed once at start
     api_keys: frozenset[str] = frozenset()  # inference needs a key once any exists (these or the admin API's)
-    max_body_bytes: int = 8 << 20  # any request but an upload
-    max_upload_bytes: int = 1 << 30  # an adapter upload, archive included
-    max_unpacked_bytes: int = 2 << 30  # what one archive may unpack to
+    max_body_bytes: int = setting(8 << 20, "largest request body but an upload", minimum=1)
+    max_upload_bytes: int = setting(1 << 30, "largest adapter upload, archive included", minimum=1)
+    max_unpacked_bytes: int = setting(2 << 30, "what one uploaded archive may unpack to", minimum=1)
     register_samples: bool = True  # the sample adapters of loraserve/samples/, on the first start with this data dir
-    registry_timeout: float = 10.0  # seconds an admin request waits for the database before a 503
-    # At start, stored files no adapter names and upload scratch left by a crash are removed once
-    # this old: where replicas share a store, younger ones may be another server's upload in flight.
-    orphan_grace: float = 600.0
-    drain_timeout: int = 30  # seconds running requests get to finish after SIGTERM or Ctrl-C
+    registry_timeout: float = setting(
+        10.0, "seconds an admin request waits for the registry database before a 503 (inference never waits on it)"
+    )
+    orphan_grace: float = setting(
+        600.0, "stored files no adapter names (a crash mid-upload) are removed once this many seconds old; younger "
+        "ones may be another replica's upload in flight where replicas share a store (0 with one server)",
+        minimum=0,
+    )  # fmt: skip
+    drain_timeout: int = setting(
+        30, "on SIGTERM or Ctrl-C, seconds the running requests (streams too) may take to finish before exit",
+        minimum=0,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for flag, value in (
-            ("--max-body-bytes", self.max_body_bytes),
-            ("--max-upload-bytes", self.max_upload_bytes),
-            ("--max-unpacked-bytes", self.max_unpacked_bytes),
-        ):
-            if value < 1:
-                raise ConfigError(flag, "must be a positive number of bytes")
-        if self.drain_timeout < 0:
-            raise ConfigError("--drain-timeout", "must be a number of seconds, 0 or more")
-        if not self.orphan_grace >= 0:
-            raise ConfigError("--orphan-grace", "must be a number of seconds, 0 or more")
+        super().__post_init__()
         if not self.registry_timeout > 0:
             raise ConfigError("--registry-timeout", "must be a positive number of seconds")
         if self.admin_token is not None and len(self.admin_token) < 16:

@@ -84,15 +84,33 @@ class AsyncLLMEngine:
         """Read and validate a PEFT directory; an untrusted one (an upload) in the sandbox."""
         return self.engine.read_adapter(path) if trusted else self.engine.read_untrusted_adapter(path)
 
-    def register_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
-        self.engine.register_adapter(name, path, sha256, adapter)
+    def register_adapter(
+        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
+    ) -> None:
+        self.engine.register_adapter(name, path, sha256, adapter, served_as)
+
+    def served_as(self, name: str) -> object | None:
+        """What `register_adapter` was given for the adapter; None once it is removed or was never added."""
+        record = self.engine.adapters.record(name)
+        return None if record is None or record.draining else record.served_as
+
+    def served(self) -> list[object]:
+        """`served_as` of every adapter not removed, in registration order."""
+        return [record.served_as for record in self.engine.adapters.records() if not record.draining]
+
+    def describe_adapter(self, name: str, served_as: object) -> None:
+        self.engine.adapters.describe(name, served_as)
 
     def wait_resident(self, name: str) -> bool:
         return self.engine.adapters.wait_resident(name)
 
-    def observe_adapter_loads(self, observer: Callable[[float], None]) -> None:
-        """`observer(seconds)` after each adapter load to the device."""
-        self.engine.adapters.stats.load_observers.append(observer)
+    def set_pinned(self, name: str, pinned: bool) -> None:
+        (self.engine.adapters.pin if pinned else self.engine.adapters.unpin)(name)
+
+    def residency(self, name: str) -> tuple[str, bool]:
+        """Where the adapter's weights are ("device", "host" or "disk"), and whether they are pinned there."""
+        where = self.engine.adapters.residency(name)
+        return where, where == "device" and self.engine.adapters.is_pinned(name)
 
     def shutdown(self) -> None:
         self._stopping = True

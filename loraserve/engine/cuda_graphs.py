@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraserve.lora.backends import TritonLora
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch, adapter_runs
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
@@ -182,7 +183,7 @@ class DecodeGraphs:
         lora = None
         if with_lora:
             bounds, slots = inputs.segment_bounds[: bucket + 1], inputs.segment_slots[:bucket]
-            lora = LoraBatch(self.adapter_slots, bounds, slots, row_slots=None)
+            lora = LoraBatch(self.adapter_slots, bounds, slots, TritonLora())
         return self.model(inputs.input_ids[:bucket], inputs.positions[:bucket], metadata, self.kv_caches, lora)
 
     def _capture_one(self, bucket: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

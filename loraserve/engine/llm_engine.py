@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from loraserve.config import EngineConfig
+from loraserve.config import LATENCY_BUCKETS, EngineConfig
 from loraserve.engine.batch import ScheduledBatch
 from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.fair_share import UNKEYED, Tenant
@@ -18,14 +18,15 @@ from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
-from loraserve.engine.stats import EngineStats, ResidentAdapter
+from loraserve.engine.stats import EngineStats, LoadTimes, ResidentAdapter
 from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
-from loraserve.errors import AdapterError, AdapterRetiringError, InvalidRequestError, UnknownAdapterError
+from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
 from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.adapter_sandbox import check_untrusted_adapter
-from loraserve.lora.manager import AdapterManager, AdapterSource
+from loraserve.lora.adapter_state import AdapterSource, AdapterState
+from loraserve.lora.manager import AdapterManager
 from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import largest_finite
@@ -54,7 +55,6 @@ class LLMEngine:
         self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
         self._requests: dict[str, Request] = {}
-        self._retiring: set[str] = set()  # removed adapters whose last requests still run
         self.num_failed_steps = 0  # steps in which some row raised (step_isolation.py)
         self.num_failed_requests = 0  # requests ended because scheduling or computing them raised
 
@@ -87,27 +87,31 @@ class LLMEngine:
         self.adapters.register(name, AdapterSource(Path(path), adapter.sha256), adapter)
         return adapter
 
-    def register_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
-        """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`)."""
+    def register_adapter(
+        self,
+        name: str,
+        path: Path,
+        sha256: str | None,
+        adapter: LoraAdapter | None = None,
+        served_as: object = None,
+    ) -> None:
+        """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`);
+        `served_as` rides along in its record for the server."""
         self._check_new_name(name)
-        self.adapters.register(name, AdapterSource(path, sha256), adapter)
+        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
 
     def _check_new_name(self, name: str) -> None:
         if not name or "/" in name or name == self.loaded.name:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
-        if name in self._retiring:
-            raise AdapterRetiringError(name)
 
     def remove_adapter(self, name: str) -> None:
         """Stop accepting requests for the adapter; the ones already queued or running finish with it."""
-        if name not in self.adapters or name in self._retiring:
-            raise UnknownAdapterError(name)
-        self._retiring.add(name)
+        self.adapters.drain(name)
         self._forget_retired_adapters()
 
     @property
     def adapter_names(self) -> list[str]:
-        return [name for name in self.adapters.names if name not in self._retiring]
+        return [record.name for record in self.adapters.records() if not record.draining]
 
     def tokenize(self, text: str) -> list[int]:
         """`tokenizer(text)`'s ids; a text that no tokenization fits in the context window is refused first.
@@ -144,7 +148,8 @@ class LLMEngine:
         """
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
-        if adapter is not None and (adapter not in self.adapters or adapter in self._retiring):
+        record = None if adapter is None else self.adapters.record(adapter)
+        if adapter is not None and (record is None or record.draining):
             raise UnknownAdapterError(adapter)
         text = prompt if isinstance(prompt, str) else text
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -174,35 +179,35 @@ class LLMEngine:
             self._forget_retired_adapters()
 
     def stats(self) -> EngineStats:
-        adapters, slots = self.adapters, self.model_runner.adapter_slots
+        adapters, records = self.adapters, self.adapters.records()
         device = [
-            ResidentAdapter(
-                name=name,
-                slot=slots.slot_of(name),
-                rank=rank,
-                num_bytes=num_bytes,
-                pages=slots.pages_of(name),
-                pinned=adapters.is_pinned(name),
-            )
-            for name in slots.names
-            for rank, num_bytes in [adapters.rank_and_bytes(name) or (0, 0)]
+            ResidentAdapter(r.name, r.slot, r.rank, r.num_bytes, adapters.pages_of(r.name), r.pinned)
+            for r in sorted(records, key=lambda r: r.slot)
+            if r.state is AdapterState.ON_DEVICE
         ]
         pool = self.model_runner.pool
+        kv_pages, adapter_pages = pool.pages.num_used(PageUse.KV), pool.pages.num_used(PageUse.ADAPTER)
         return EngineStats(
             pool_pages=pool.num_pages,
             page_bytes=pool.page_bytes,
-            kv_pages=pool.pages.num_used(PageUse.KV),
-            adapter_pages=pool.pages.num_used(PageUse.ADAPTER),
+            kv_pages=kv_pages,
+            adapter_pages=adapter_pages,
+            free_pages=pool.num_pages - kv_pages - adapter_pages,
+            kv_capacity_pages=pool.num_pages - adapter_pages,
             block_size=self.block_manager.block_size,
-            adapter_slots_total=slots.num_slots,
+            adapter_slots_total=self.model_runner.adapter_slots.num_slots,
+            adapter_slots_used=len(device),
             device_adapters=device,
-            host_adapters=[name for name in adapters.host.names if name not in slots],
+            host_adapters=[r.name for r in records if r.state is AdapterState.ON_HOST],
             host_cache_bytes=adapters.host.num_bytes,
             host_cache_capacity_bytes=adapters.host.capacity_bytes,
             adapter_disk_reads=adapters.stats.disk_reads,
             adapter_loads=adapters.stats.loads,
             adapter_evictions=adapters.stats.evictions,
             adapter_load_seconds_total=adapters.stats.load_seconds_total,
+            adapter_load_seconds=LoadTimes(
+                LATENCY_BUCKETS, tuple(adapters.stats.load_counts), adapters.stats.load_seconds_total
+            ),
             running_sequences=len(self.scheduler.running),
             waiting_sequences=len(self.scheduler.waiting),
             preemptions=self.scheduler.num_preemptions,
@@ -265,9 +270,9 @@ class LLMEngine:
 
     def _forget_retired_adapters(self) -> None:
         in_use = {request.adapter for request in self._requests.values()}
-        for name in self._retiring - in_use:
-            self.adapters.unregister(name)
-            self._retiring.discard(name)
+        for record in self.adapters.records():
+            if record.draining and record.name not in in_use:
+                self.adapters.unregister(record.name)
 
     def request_output(self, request: Request) -> RequestOutput:
         seqs = sorted(request.seqs, key=lambda s: s.index)

@@ -20,7 +20,8 @@ from loraserve.engine.block_manager import BlockCopy
 from loraserve.engine.cuda_graphs import DecodeGraphs, DecodeRows
 from loraserve.engine.faults import FaultInjector
 from loraserve.engine.sampler import Sampler
-from loraserve.lora.batch import NO_ADAPTER, LoraBatch
+from loraserve.lora.backends import choose_backend
+from loraserve.lora.batch import LoraBatch
 from loraserve.lora.memory_pool import MemoryPool, pool_pages
 from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
@@ -31,7 +32,6 @@ from loraserve.models.cpu_layer_ops import load_layer_ops
 from loraserve.models.cuda_attention import paged_decode_attention
 from loraserve.models.cuda_layer_ops import CudaLayerOps
 from loraserve.models.llama import LayerOps
-from sgmv_kernels.native import load_kernel
 
 
 @dataclass
@@ -76,7 +76,7 @@ class ModelRunner:
         self.faults = FaultInjector()
         self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
         on_cpu = self.device == "cpu"
-        self.cpu_lora_kernel = load_kernel(cache_dir / "kernels") if on_cpu else None
+        self.lora_backend = choose_backend(self.device, self.dtype, cache_dir / "kernels")
         self.decode_kernel: DecodeAttention | None = paged_decode_attention
         if on_cpu:
             cpu_kernel = load_decode_kernel(cache_dir / "kernels")
@@ -113,7 +113,7 @@ class ModelRunner:
         if self.decode_graphs is not None and not batch.prefills:
             # Rows of one adapter side by side: the LoRA kernels' programs that read its weights
             # then run together, and all but the first find them in L2.
-            order = sorted(batch.decodes, key=lambda item: self._slot_of(item.seq.request.adapter))
+            order = sorted(batch.decodes, key=lambda item: item.seq.lora_slot)
             replayed = self.decode_graphs.run(self.decode_rows(order))
         if replayed is not None:
             hidden = replayed
@@ -140,7 +140,7 @@ class ModelRunner:
             rows.slot_offsets.append(position % bs)
             rows.block_tables.append(seq.block_table)
             rows.context_lens.append(position + 1)
-            rows.lora_slots.append(self._slot_of(seq.request.adapter))
+            rows.lora_slots.append(seq.lora_slot)
         return rows
 
     @staticmethod
@@ -175,9 +175,8 @@ class ModelRunner:
         lora = LoraBatch.build(
             self.adapter_slots,
             lengths=[item.num_new_tokens for item in scheduled],
-            slot_ids=[self._slot_of(item.seq.request.adapter) for item in scheduled],
-            device=self.device,
-            cpu_kernel=self.cpu_lora_kernel,
+            slot_ids=[item.seq.lora_slot for item in scheduled],
+            backend=self.lora_backend,
         )
         groups = []
         if batch.decodes:
@@ -197,9 +196,6 @@ class ModelRunner:
             logits_index=torch.tensor(logits_index, dtype=torch.long, device=device),
             lora=lora,
         )
-
-    def _slot_of(self, adapter: str | None) -> int:
-        return NO_ADAPTER if adapter is None else self.adapter_slots.slot_of(adapter)
 
     def _attention_group(self, items: list[ScheduledSequence], token_start: int) -> AttentionGroup:
         """Pad the rows to one batch: queries to the longest chunk, keys to the longest context."""

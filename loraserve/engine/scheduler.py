@@ -54,6 +54,8 @@ class AdapterResidency(Protocol):
 
     def content_hash(self, name: str) -> str: ...  # of a resident adapter
 
+    def slot_of(self, name: str) -> int: ...  # of a resident adapter
+
     def failure(self, name: str) -> str | None: ...
 
     def drain_candidate(self) -> str | None: ...  # the resident adapter to free a slot from
@@ -197,6 +199,7 @@ class Scheduler:
         try:
             if adapter is not None:
                 seq.cache_salt = self.adapters.content_hash(adapter).encode()
+                seq.lora_slot = self.adapters.slot_of(adapter)
             seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):

@@ -9,6 +9,7 @@ from typing import Any
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.outputs import RequestError, TokenLogprob
 from loraserve.engine.sampling_params import SamplingParams
+from loraserve.lora.residency import NO_ADAPTER
 
 
 class SequenceStatus(enum.Enum):
@@ -55,6 +56,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     cache_salt: bytes = b""  # the adapter's content hash: keys its prefix-cache blocks (prefix_cache.py)
+    lora_slot: int = NO_ADAPTER  # the adapter's slot while it runs (the scheduler sets it at admission)
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks
     pending_forks: int = 0  # siblings still to fork off once the prompt is computed (n > 1)
     finish_reason: str | None = None
@@ -96,5 +98,6 @@ class Sequence:
             status=self.status,
             num_computed_tokens=self.num_computed_tokens,
             cache_salt=self.cache_salt,
+            lora_slot=self.lora_slot,
             block_keys=list(self.block_keys),
         )

@@ -1,8 +1,20 @@
-"""A snapshot of the engine's memory and queues, taken between steps for /admin/pool and /metrics."""
+"""A snapshot of the engine's memory and queues, taken between steps for /admin/pool and /metrics.
+
+Each statistic is defined here once: its help text, its Prometheus series (a gauge, or a
+histogram for `LoadTimes`) and its place in /admin/pool's JSON; both are derived from
+these definitions (`json_view` here, the server's metrics.py), never restated.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+
+def stat(help_text: str, metric: str | None = None, json: str | None = None) -> Any:
+    """A statistic: exported as the Prometheus series loraserve_`metric` (a list: its length) and
+    at the dotted `json` path of /admin/pool, where given."""
+    return field(metadata={"help": help_text, "metric": metric, "json": json})
 
 
 @dataclass(frozen=True)
@@ -16,41 +28,96 @@ class ResidentAdapter:
 
 
 @dataclass(frozen=True)
+class LoadTimes:
+    """A histogram of adapter load seconds: how many loads took at most each bound."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]  # per bound, then one past the last: not cumulative
+    total_seconds: float
+
+
+@dataclass(frozen=True)
 class EngineStats:
-    pool_pages: int  # pages of the memory pool; a page is one KV block or adapter rows
-    page_bytes: int
-    kv_pages: int  # holding tokens
-    adapter_pages: int  # holding adapter rows
-    block_size: int  # tokens per KV block
-    adapter_slots_total: int
-    device_adapters: list[ResidentAdapter]  # in a slot
-    host_adapters: list[str]  # in the host cache (CPU memory), not in a slot
-    host_cache_bytes: int
-    host_cache_capacity_bytes: int
-    adapter_disk_reads: int
-    adapter_loads: int
-    adapter_evictions: int
-    adapter_load_seconds_total: float
-    running_sequences: int
-    waiting_sequences: int
-    preemptions: int
-    prefix_cache_blocks: int  # KV blocks findable by their prefix, in use or free
-    prefix_cache_queried_tokens: int  # tokens of the sequences admitted since start
-    prefix_cache_hit_tokens: int  # of those, found in the prefix cache instead of computed
-    failed_steps: int  # steps in which a row raised; the other rows went on (step_isolation.py)
-    failed_requests: int  # requests such rows ended with an error
-    running_cap: int  # the most sequences run at once (--max-num-seqs, or fewer for the TPOT target)
-    admitted_requests: int  # requests queued since start
-    refused_overloaded: int  # requests refused since start: they would have missed the TTFT target
-    refused_late: int  # of those, refused after queueing (before their first step): the wait grew past it
-    dropped_timed_out: int  # requests dropped since start: they waited past their timeout
-    predicted_queue_seconds: float  # a new request's predicted wait for its first step
+    pool_pages: int = stat(
+        "Pages of the memory pool (a page is one KV block or adapter rows)", "pool_pages", "pages.total"
+    )
+    kv_pages: int = stat("Pool pages holding tokens (KV blocks)", "pool_pages_kv", "pages.kv")
+    adapter_pages: int = stat("Pool pages holding adapter weights", "pool_pages_adapters", "pages.adapters")
+    free_pages: int = stat("Pool pages holding nothing", json="pages.free")
+    page_bytes: int = stat("Bytes per pool page", "pool_page_bytes", "pages.page_bytes")
+    block_size: int = stat("Tokens per KV block", json="pages.block_size")
+    kv_capacity_pages: int = stat(
+        "What KV could hold now: every page but the adapters' (idle adapters would still be evicted for KV)",
+        json="pages.kv_capacity",
+    )
+    adapter_slots_total: int = stat("Device slots for adapters", "adapter_slots_total", "adapter_slots.total")
+    adapter_slots_used: int = stat("Adapters in a device slot", "adapters_on_device", "adapter_slots.used")
+    device_adapters: list[ResidentAdapter] = stat("The adapters in a device slot", json="device_adapters")
+    host_adapters: list[str] = stat(
+        "Adapters in CPU memory but not in a device slot", "adapters_in_host_cache", "host_adapters"
+    )
+    host_cache_bytes: int = stat("Adapter weights held in the host cache", "host_cache_bytes", "host_cache.bytes")
+    host_cache_capacity_bytes: int = stat("The host cache's budget", json="host_cache.capacity_bytes")
+    adapter_disk_reads: int = stat(
+        "Adapters read from disk into the host cache since start", "adapter_disk_reads", "adapter_disk_reads"
+    )
+    adapter_loads: int = stat("Adapter loads into a device slot since start", "adapter_loads", "adapter_loads")
+    adapter_evictions: int = stat(
+        "Adapters evicted from a device slot since start", "adapter_evictions", "adapter_evictions"
+    )
+    adapter_load_seconds_total: float = stat(
+        "Seconds spent loading adapters since start", json="adapter_load_seconds_total"
+    )
+    adapter_load_seconds: LoadTimes = stat("Reading and copying an adapter into a device slot", "adapter_load_seconds")
+    running_sequences: int = stat("Sequences in the running batch", "running_sequences", "running_sequences")
+    waiting_sequences: int = stat("Sequences waiting to be scheduled", "waiting_sequences", "waiting_sequences")
+    preemptions: int = stat("Sequences preempted since start", "preemptions")
+    prefix_cache_blocks: int = stat(
+        "KV blocks findable by their prefix (in use or free)", "prefix_cache_blocks", "prefix_cache.blocks"
+    )
+    prefix_cache_queried_tokens: int = stat(
+        "Tokens of the sequences admitted since start", "prefix_cache_queried_tokens", "prefix_cache.queried_tokens"
+    )
+    prefix_cache_hit_tokens: int = stat(
+        "Admitted tokens found in the prefix cache since start", "prefix_cache_hit_tokens", "prefix_cache.hit_tokens"
+    )
+    failed_steps: int = stat(
+        "Steps in which computing a row raised since start (the other rows went on)", "failed_steps"
+    )
+    failed_requests: int = stat(
+        "Requests ended with an error because computing them raised, since start", "failed_requests"
+    )
+    running_cap: int = stat(
+        "The most sequences run at once (--max-num-seqs, or fewer for the TPOT target)", "running_cap"
+    )
+    admitted_requests: int = stat("Requests queued since start", "admitted_requests")
+    refused_overloaded: int = stat(
+        "Requests refused since start: they would have missed the TTFT target", "refused_overloaded"
+    )
+    refused_late: int = stat(
+        "Of those, refused after queueing, before their first step: the wait grew past it", "refused_late"
+    )
+    dropped_timed_out: int = stat("Requests dropped since start: they waited past their timeout", "dropped_timed_out")
+    predicted_queue_seconds: float = stat(
+        "A new request's predicted wait for its first step", "predicted_queue_seconds"
+    )
 
-    @property
-    def free_pages(self) -> int:
-        return self.pool_pages - self.kv_pages - self.adapter_pages
 
-    @property
-    def kv_capacity_pages(self) -> int:
-        """What KV could hold now: every page but the adapters' (idle adapters would still be evicted for KV)."""
-        return self.pool_pages - self.adapter_pages
+def json_view(stats: EngineStats) -> dict[str, Any]:
+    """/admin/pool's body: each statistic with a `json` path, nested along it."""
+    view: dict[str, Any] = {}
+    for definition in fields(stats):
+        path = definition.metadata["json"]
+        if path is None:
+            continue
+        *parents, leaf = path.split(".")
+        node = view
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        value = getattr(stats, definition.name)
+        node[leaf] = [_plain(item) for item in value] if isinstance(value, list) else value
+    return view
+
+
+def _plain(item: object) -> object:
+    return asdict(item) if is_dataclass(item) and not isinstance(item, type) else item

@@ -26,13 +26,18 @@ class HostCache:
             self._adapters.move_to_end(name)
         return adapter
 
-    def put(self, name: str, adapter: LoraAdapter) -> None:
-        """Keep `adapter`; older ones leave while the cache is over budget (the newest always stays)."""
+    def put(self, name: str, adapter: LoraAdapter) -> list[str]:
+        """Keep `adapter`; older ones leave while the cache is over budget (the newest always stays).
+
+        Returns the names that left."""
         self.drop(name)
         self._adapters[name] = adapter
         self.num_bytes += host_bytes(adapter)
+        dropped = []
         while self.num_bytes > self.capacity_bytes and len(self._adapters) > 1:
-            self.drop(next(iter(self._adapters)))
+            dropped.append(next(iter(self._adapters)))
+            self.drop(dropped[-1])
+        return dropped
 
     def drop(self, name: str) -> None:
         adapter = self._adapters.pop(name, None)

@@ -14,30 +14,28 @@ Example with 2 slots: A and B run; C waits until the last sequence of A or B end
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loraserve.errors import AdapterError, UnknownAdapterError
+from loraserve.config import LATENCY_BUCKETS
+from loraserve.errors import AdapterError, AdapterRetiringError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter
+from loraserve.lora.adapter_state import AdapterRecord, AdapterSource, AdapterState
 from loraserve.lora.host_cache import HostCache
-from loraserve.lora.residency import Residency
+from loraserve.lora.residency import NO_ADAPTER, Residency
 from loraserve.lora.slots import AdapterSlots
 from loraserve.openmp import keep_serial
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class AdapterSource:
-    path: Path  # a PEFT directory
-    sha256: str | None  # the content hash the files must have; None: not checked
+S = AdapterState
 
 
 @dataclass
@@ -48,15 +46,19 @@ class AdapterStats:
     evictions: int = 0
     load_seconds_total: float = 0.0
     disk_reads: int = 0
-    # Called with each load's duration (the server's latency histogram listens here).
-    load_observers: list[Callable[[float], None]] = field(default_factory=list)
+    # Loads per LATENCY_BUCKETS bound they took at most (one more: longer than all).
+    load_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
 
 
 class AdapterManager:
-    """Owns the tiers; the only code that moves adapter weights. Its lock guards all state."""
+    """Owns the tiers and every adapter's record (adapter_state.py); the only code that moves
+    adapter weights. Its lock guards the records."""
 
     def __init__(
-        self, slots: AdapterSlots, read: Callable[[Path], LoraAdapter], host_cache_bytes: int = 4 << 30
+        self,
+        slots: AdapterSlots,
+        read: Callable[[Path], LoraAdapter],
+        host_cache_bytes: int = 4 << 30,
     ) -> None:
         self.slots = slots
         self.stats = AdapterStats()
@@ -64,122 +66,149 @@ class AdapterManager:
         self._read = read
         self._lock = threading.Lock()
         self._loaded = threading.Condition(self._lock)  # notified whenever a load ends
-        self._sources: dict[str, AdapterSource] = {}
-        self._failures: dict[str, str] = {}
-        self._ranks: dict[str, tuple[int, int]] = {}  # name -> (rank, file bytes), known once read
-        self._pages_needed: dict[str, int] = {}  # name -> pool pages it fills, known once read
-        self._wanted: set[str] = set()  # acquired or pinned before its size was known: reserve once read
-        self._running: Counter[str] = Counter()  # running sequences per adapter
-        self._pinned: set[str] = set()
-        self._last_used: dict[str, int] = {}
+        self._records: dict[str, AdapterRecord] = {}
         self._clock = itertools.count()
-        self._jobs: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[AdapterRecord | None] = queue.SimpleQueue()
         self._pending = 0  # queued or running jobs
         self._worker = threading.Thread(target=self._work, name="loraserve-adapter-loader", daemon=True)
         self._worker.start()
         slots.pool.pages.reclaimer = self.reclaim_pages
 
-    def register(self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None) -> None:
+    def register(
+        self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None, served_as: object = None
+    ) -> None:
         """Offer an adapter; `adapter` when it was just read (an upload) goes straight to the host cache."""
         if self.slots.num_slots == 0:
             raise AdapterError("max_loras", "LoRA is disabled (max_loras=0); start with at least one adapter slot")
         with self._lock:
-            if name in self._sources:
+            if name in self._records:
+                if self._records[name].draining:
+                    raise AdapterRetiringError(name)
                 raise AdapterError("name", f"adapter {name!r} is already loaded")
-            self._sources[name] = source
+            record = AdapterRecord(name, source, served_as)
             if adapter is not None:
-                self._remember(name, adapter)
+                self._remember(record, adapter)
+                record.state = S.ON_HOST
+            self._records[name] = record
+
+    def describe(self, name: str, served_as: object) -> None:
+        """Replace what the server serves the adapter as (its registry record changed)."""
+        with self._lock:
+            if name in self._records:
+                self._records[name].served_as = served_as
+
+    def drain(self, name: str) -> None:
+        """No new requests for the adapter; the engine unregisters it once its last one ends."""
+        with self._lock:
+            record = self._records.get(name)
+            if record is None or record.draining:
+                raise UnknownAdapterError(name)
+            record.draining = True
 
     def unregister(self, name: str) -> None:
         """Forget the adapter and free its slot; the caller made sure nothing runs with it."""
         with self._lock:
-            if name not in self._sources:
+            record = self._records.pop(name, None)
+            if record is None:
                 raise UnknownAdapterError(name)
-            assert not self._running[name], f"adapter {name!r} still has running sequences"
-            del self._sources[name]
-            for table in (self._failures, self._ranks, self._pages_needed, self._last_used):
-                table.pop(name, None)
-            self._pinned.discard(name)
-            self._wanted.discard(name)
+            assert not record.running, f"adapter {name!r} still has running sequences"
             self.host.drop(name)
-            if name in self.slots:
-                self.slots.unload(name)
-            # A reserved slot stays with its in-flight load, which sees the name gone and frees it.
+            if record.state is S.ON_DEVICE:
+                self._free_slot(record)
+            # A reserved slot stays with its in-flight load, which sees the record deleted and frees it.
+            record.move(S.DELETED)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._sources
+        return name in self._records
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._sources)
+    def record(self, name: str) -> AdapterRecord | None:
+        return self._records.get(name)
 
-    def rank_and_bytes(self, name: str) -> tuple[int, int] | None:
-        return self._ranks.get(name)
+    def records(self) -> list[AdapterRecord]:
+        """Every registered adapter's record, in registration order."""
+        with self._lock:
+            return list(self._records.values())
 
     def residency(self, name: str) -> str:
         """Where the weights are: "device" (a slot), "host" (CPU memory) or "disk"."""
-        return "device" if name in self.slots else "host" if name in self.host else "disk"
+        record = self._records.get(name)
+        if record is not None and record.state is S.ON_DEVICE:
+            return "device"
+        return "host" if name in self.host else "disk"
 
     def prefetch(self, name: str) -> None:
-        """A request for `name` was queued: read it from disk now unless it is in memory already."""
+        """A request for `name` was queued: read it from disk now unless it is in memory or on its way."""
         with self._lock:
-            if name not in self.slots and name not in self.host:
-                self._enqueue(name)
+            record = self._records.get(name)
+            if record is not None and record.state is S.REGISTERED:
+                record.move(S.READING)
+                self._enqueue(record)
 
     def acquire(self, name: str) -> Residency:
         """Called by the scheduler per sequence it would admit; READY counts one more running sequence."""
         with self._lock:
-            if name in self.slots:
-                self._running[name] += 1
-                self._last_used[name] = next(self._clock)
+            record = self._records[name]
+            if record.state is S.ON_DEVICE:
+                record.running += 1
+                record.last_used = next(self._clock)
                 return Residency.READY
-            if name in self._failures:
+            if record.state is S.FAILED:
                 return Residency.FAILED
-            if self.slots.is_reserved(name):
+            if record.state is S.LOADING:
                 return Residency.LOADING
-            return self._start_load(name)
+            return self._start_load(record)
+
+    def slot_of(self, name: str) -> int:
+        return self._records[name].slot
+
+    def pages_of(self, name: str) -> int:
+        """Pool pages the adapter's rows take (reserved for them while loading); 0 without a slot."""
+        slot = self._records[name].slot
+        return 0 if slot == NO_ADAPTER else self.slots.pages_of(slot)
 
     def content_hash(self, name: str) -> str:
         """The sha256 of the resident adapter's files: what its prefix-cache blocks are keyed by."""
-        with self._lock:
-            return self.slots.content_hash(name)
+        return self._records[name].content_hash
 
     def release(self, name: str) -> None:
         with self._lock:
-            self._running[name] -= 1
-            if not self._running[name]:
-                del self._running[name]
+            self._records[name].running -= 1
 
     def drain_candidate(self) -> str | None:
         """The unpinned resident adapter that frees its slot soonest: fewest running sequences, then LRU."""
         with self._lock:
-            candidates = [n for n in self.slots.names if n not in self._pinned]
+            candidates = [r for r in self._records.values() if r.state is S.ON_DEVICE and not r.pinned]
             if not candidates:
                 return None
-            return min(candidates, key=lambda n: (self._running[n], self._last_used.get(n, -1)))
+            return min(candidates, key=lambda r: (r.running, r.last_used)).name
 
     def failure(self, name: str) -> str | None:
-        return self._failures.get(name)
+        record = self._records.get(name)
+        return record.failure if record is not None else None
 
     def pin(self, name: str) -> None:
         """Keep the adapter in a slot from now on: loaded now if a slot can be had, never evicted."""
         with self._lock:
-            if name not in self._sources:
+            record = self._records.get(name)
+            if record is None:
                 raise UnknownAdapterError(name)
-            if name not in self._pinned and len(self._pinned) + 1 >= self.slots.num_slots:
+            num_pinned = sum(r.pinned for r in self._records.values())
+            if not record.pinned and num_pinned + 1 >= self.slots.num_slots:
                 # One slot always stays unpinned, or no other adapter could ever run.
                 limit = self.slots.num_slots - 1
                 raise AdapterError("pin", f"at most {limit} of {self.slots.num_slots} slots may be pinned")
-            self._pinned.add(name)
-            if name not in self.slots and not self.slots.is_reserved(name):
-                self._start_load(name)
+            record.pinned = True
+            if record.state in (S.REGISTERED, S.READING, S.ON_HOST):
+                self._start_load(record)
 
     def unpin(self, name: str) -> None:
         with self._lock:
-            self._pinned.discard(name)
+            if name in self._records:
+                self._records[name].pinned = False
 
     def is_pinned(self, name: str) -> bool:
-        return name in self._pinned
+        record = self._records.get(name)
+        return record is not None and record.pinned
 
     def wait_for_load(self, timeout: float) -> None:
         """Block until some load ends (or `timeout`): a step with nothing to run waits here."""
@@ -191,12 +220,10 @@ class AdapterManager:
         """Until `name` is in a slot (True), or its load failed, found no room or `timeout` passed (False)."""
         deadline = time.monotonic() + timeout
         with self._loaded:
-            while name not in self.slots and self._load_in_flight(name) and time.monotonic() < deadline:
+            record = self._records.get(name)
+            while record is not None and record.state is S.LOADING and time.monotonic() < deadline:
                 self._loaded.wait(deadline - time.monotonic())
-            return name in self.slots
-
-    def _load_in_flight(self, name: str) -> bool:
-        return self.slots.is_reserved(name) or (name in self._wanted and name not in self._failures)
+            return record is not None and record.state is S.ON_DEVICE
 
     def wait_idle(self, timeout: float = 30) -> bool:
         """Until no load is queued or running; True if so."""
@@ -206,28 +233,34 @@ class AdapterManager:
                 self._loaded.wait(deadline - time.monotonic())
             return not self._pending
 
-    def _start_load(self, name: str) -> Residency:
+    def _start_load(self, record: AdapterRecord) -> Residency:
         """Reserve room and queue the copy; or, size unknown, queue the read that reserves after it."""
-        if name not in self._pages_needed:
-            if name not in self._wanted:
-                self._wanted.add(name)
-                self._enqueue(name)
-            return Residency.LOADING
-        if not self._reserve(name):
+        queued = record.state is S.READING  # a prefetch's read is on its way: it loads on
+        if record.pages_needed is None:
+            record.move(S.LOADING)
+        elif not self._reserve(record):
             return Residency.NO_SLOT
-        self._enqueue(name)
+        if not queued:
+            self._enqueue(record)
         return Residency.LOADING
 
-    def _reserve(self, name: str, evict: bool = True) -> bool:
+    def _reserve(self, record: AdapterRecord, evict: bool = True) -> bool:
         """A slot and the adapter's pages, evicting idle adapters (least recently used first) for them."""
-        need, pages = self._pages_needed[name], self.slots.pool.pages
-        idle = sorted(self._idle(), key=lambda n: self._last_used.get(n, -1)) if evict else []
-        reachable = pages.num_free + sum(self.slots.pages_of(n) for n in idle)
+        assert record.pages_needed is not None, "reserved before its size was known"
+        need, pages = record.pages_needed, self.slots.pool.pages
+        idle = self._idle() if evict else []
+        reachable = pages.num_free + sum(self.slots.pages_of(r.slot) for r in idle)
         if reachable < need or (self.slots.num_free == 0 and not idle):
             return False  # evicting would not make room: keep what is resident
         while (self.slots.num_free == 0 or pages.num_free < need) and idle:
             self._evict(idle.pop(0))
-        return self.slots.reserve(name, need)
+        slot = self.slots.reserve(need)
+        if slot is None:
+            return False
+        record.slot = slot
+        if record.state is not S.LOADING:
+            record.move(S.LOADING)
+        return True
 
     def reclaim_pages(self, count: int) -> None:
         """The KV side is `count` pages short: evict idle adapters, least recently used first.
@@ -235,86 +268,104 @@ class AdapterManager:
         Nothing is evicted when all of them together would not free enough.
         """
         with self._lock:
-            idle = sorted(self._idle(), key=lambda n: self._last_used.get(n, -1))
-            if sum(self.slots.pages_of(n) for n in idle) < count:
+            idle = self._idle()
+            if sum(self.slots.pages_of(r.slot) for r in idle) < count:
                 return
             freed = 0
-            for name in idle:
+            for record in idle:
                 if freed >= count:
                     break
-                freed += self.slots.pages_of(name)
-                self._evict(name)
+                freed += self.slots.pages_of(record.slot)
+                self._evict(record)
 
-    def _idle(self) -> list[str]:
-        return [n for n in self.slots.names if not self._running[n] and n not in self._pinned]
+    def _idle(self) -> list[AdapterRecord]:
+        """Resident adapters no sequence runs with and nobody pinned, least recently used first."""
+        idle = [r for r in self._records.values() if r.state is S.ON_DEVICE and not r.running and not r.pinned]
+        return sorted(idle, key=lambda r: r.last_used)
 
-    def _evict(self, name: str) -> None:
-        self.slots.unload(name)
+    def _evict(self, record: AdapterRecord) -> None:
+        self._free_slot(record)
+        record.move(S.ON_HOST if record.name in self.host else S.REGISTERED)
         self.stats.evictions += 1
 
-    def _remember(self, name: str, adapter: LoraAdapter) -> None:
-        self.host.put(name, adapter)
-        self._ranks[name] = (adapter.rank, adapter.num_bytes)
-        self._pages_needed[name] = self.slots.pages_needed(adapter)
+    def _free_slot(self, record: AdapterRecord) -> None:
+        (self.slots.unload if record.state is S.ON_DEVICE else self.slots.cancel)(record.slot)
+        record.slot, record.content_hash = NO_ADAPTER, ""
 
-    def _enqueue(self, name: str) -> None:
+    def _remember(self, record: AdapterRecord, adapter: LoraAdapter) -> None:
+        """Keep the read adapter in the host cache; the ones it pushes out go back to disk only."""
+        for dropped in self.host.put(record.name, adapter):
+            other = self._records.get(dropped)
+            if other is not None and other.state is S.ON_HOST:
+                other.move(S.REGISTERED)
+        record.rank, record.num_bytes = adapter.rank, adapter.num_bytes
+        record.pages_needed = self.slots.pages_needed(adapter)
+
+    def _fail(self, record: AdapterRecord, reason: str) -> None:
+        if record.state in (S.READING, S.LOADING):
+            record.failure = reason
+            record.move(S.FAILED)
+
+    def _enqueue(self, record: AdapterRecord) -> None:
         self._pending += 1
-        self._jobs.put(name)
+        self._jobs.put(record)
 
     def _work(self) -> None:
         keep_serial()  # the step thread's OpenMP team must stay the only one (openmp.py)
-        while (name := self._jobs.get()) is not None:
+        while (record := self._jobs.get()) is not None:
             try:
-                self._load(name)
+                self._load(record)
             except Exception:  # a bug: log it, free the slot, keep the worker alive for the others
-                logger.exception("loading adapter %r failed", name)
+                logger.exception("loading adapter %r failed", record.name)
                 with self._lock:
-                    self._failures[name] = "internal error while loading; see the server log"
+                    self._fail(record, "internal error while loading; see the server log")
             finally:
                 with self._loaded:
-                    if self.slots.is_reserved(name) and (name not in self._sources or name in self._failures):
-                        self.slots.cancel(name)
+                    if record.state in (S.FAILED, S.DELETED) and record.slot != NO_ADAPTER:
+                        self._free_slot(record)
                     self._pending -= 1
                     self._loaded.notify_all()
 
-    def _load(self, name: str) -> None:
+    def _load(self, record: AdapterRecord) -> None:
         started = time.perf_counter()
         with self._lock:
-            source, adapter = self._sources.get(name), self.host.get(name)
-        if source is None:
-            return
+            if record.state is S.DELETED:
+                return
+            adapter = self.host.get(record.name)
         if adapter is None:
             try:
-                adapter = self._read_checked(source)
+                adapter = self._read_checked(record.source)
             except (AdapterError, OSError) as error:
                 with self._lock:
-                    self._failures[name] = str(error)
-                logger.error("adapter %r cannot be loaded: %s", name, error)
+                    self._fail(record, str(error))
+                logger.error("adapter %r cannot be loaded: %s", record.name, error)
                 return
             with self._lock:
                 self.stats.disk_reads += 1
-                if name in self._sources:
-                    self._remember(name, adapter)
+                if record.state is not S.DELETED:
+                    self._remember(record, adapter)
         with self._lock:
-            if name in self._wanted and name in self._sources and name not in self.slots:
-                self._wanted.discard(name)
-                if not self.slots.is_reserved(name):
-                    # Only free room: who gets an evicted adapter's place is the scheduler's call,
-                    # made in queue order by its next acquire (which may answer NO_SLOT).
-                    self._reserve(name, evict=False)
-            reserved = self.slots.is_reserved(name) and name in self._sources
-        if not reserved:
-            return  # a prefetch: the host cache is warm
-        self.slots.write(name, adapter)  # outside the lock: only this thread touches a reserved slot
+            if record.state is S.READING:
+                record.move(S.ON_HOST)  # a prefetch: the host cache is warm
+                return
+            if record.state is not S.LOADING:
+                return
+            # Only free room: who gets an evicted adapter's place is the scheduler's call,
+            # made in queue order by its next acquire (which may answer NO_SLOT).
+            if not record.reserved and not self._reserve(record, evict=False):
+                record.move(S.ON_HOST)
+                return
+        self.slots.write(record.slot, adapter)  # outside the lock: no step reads a reserved slot
         seconds = time.perf_counter() - started
         with self._lock:
-            if name not in self._sources:
+            if record.state is S.DELETED:
                 return
-            self.slots.activate(name)
+            self.slots.activate(record.slot)
+            record.content_hash = adapter.sha256
+            record.move(S.ON_DEVICE)
             self.stats.loads += 1
             self.stats.load_seconds_total += seconds
-        for observe in self.stats.load_observers:
-            observe(seconds)
+            self.stats.load_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
 
     def _read_checked(self, source: AdapterSource) -> LoraAdapter:
         adapter = self._read(source.path)

@@ -10,3 +10,6 @@ class Residency(enum.Enum):
     LOADING = "loading"  # a slot is reserved and its weights are on the way
     NO_SLOT = "no slot"  # every slot is busy with running or pinned adapters
     FAILED = "failed"  # the adapter could not be read: its requests end with an error
+
+
+NO_ADAPTER = -1  # the slot of a base-model row

@@ -78,15 +78,9 @@ def pack(blocks: Iterator[RowBlock], slab_elems: int) -> tuple[list[Placement], 
     return placements, slab + (1 if used else 0)
 
 
-@dataclass
-class Reservation:
-    slot: int
-    pages: list[int]
-    content_hash: str = ""  # the sha256 of the adapter written into it
-
-
 class AdapterSlots:
-    """Owns the slot map (adapter name -> slot, pages) and the row tables the kernels read."""
+    """Owns which slots are taken and the row tables the kernels read; which adapter holds a slot
+    is in its record (adapter_state.py)."""
 
     def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, pool: MemoryPool) -> None:
         self.num_slots, self.max_rank, self.pool = num_slots, max_rank, pool
@@ -111,8 +105,7 @@ class AdapterSlots:
             }
             for layer in range(spec.num_layers)
         ]
-        self._loaded: dict[str, Reservation] = {}  # the kernels may use these
-        self._reserved: dict[str, Reservation] = {}  # taken for a load in flight
+        self._taken: dict[int, list[int]] = {}  # slot -> its pages: reserved for a load in flight, or loaded
         self._copy_stream = torch.cuda.Stream() if device.type == "cuda" else None
         # Bumped whenever a slot gets new contents: dense stacks of slots are keyed on it.
         self._generations = [0] * num_slots
@@ -148,66 +141,44 @@ class AdapterSlots:
         return group
 
     @property
-    def names(self) -> list[str]:
-        """Adapters whose weights are in the pool, ready for the kernels."""
-        return list(self._loaded)
-
-    def slot_of(self, name: str) -> int:
-        return self._loaded[name].slot
-
-    def content_hash(self, name: str) -> str:
-        """The sha256 of the adapter whose weights the slot holds."""
-        return self._loaded[name].content_hash
-
-    def pages_held(self, name: str) -> list[int]:
-        held = self._loaded.get(name) or self._reserved.get(name)
-        return held.pages if held else []
-
-    def pages_of(self, name: str) -> int:
-        return len(self.pages_held(name))
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._loaded
-
-    @property
     def num_free(self) -> int:
-        return self.num_slots - len(self._loaded) - len(self._reserved)
+        return self.num_slots - len(self._taken)
 
     def pages_needed(self, adapter: LoraAdapter) -> int:
         _, slabs = pack(row_blocks(adapter), self.pool.slab_elems)
         return -(-slabs // self.pool.slabs_per_page)
 
-    def reserve(self, name: str, num_pages: int) -> bool:
-        """Take a free slot and `num_pages` pages for `name`; False (nothing taken) if either is short."""
-        taken = {r.slot for r in self._loaded.values()} | {r.slot for r in self._reserved.values()}
-        free = [slot for slot in range(self.num_slots) if slot not in taken]
+    def pages_held(self, slot: int) -> list[int]:
+        return self._taken[slot]
+
+    def pages_of(self, slot: int) -> int:
+        return len(self._taken[slot])
+
+    def reserve(self, num_pages: int) -> int | None:
+        """A free slot with `num_pages` pages; None (nothing taken) if either is short."""
+        free = [slot for slot in range(self.num_slots) if slot not in self._taken]
         if not free:
-            return False
+            return None
         pages = self.pool.pages.take(num_pages, PageUse.ADAPTER)
         if pages is None:
-            return False
-        self._reserved[name] = Reservation(free[0], pages)
-        return True
+            return None
+        self._taken[free[0]] = pages
+        return free[0]
 
-    def is_reserved(self, name: str) -> bool:
-        return name in self._reserved
+    def cancel(self, slot: int) -> None:
+        """Give back a reservation whose load did not finish."""
+        self.pool.pages.release(self._taken.pop(slot), PageUse.ADAPTER)
 
-    def cancel(self, name: str) -> None:
-        self.pool.pages.release(self._reserved.pop(name).pages, PageUse.ADAPTER)
-
-    def write(self, name: str, adapter: LoraAdapter) -> None:
-        """Copy the weights into the pages reserved for `name` and fill its slot's row tables."""
-        reservation = self._reserved[name]
-        reservation.content_hash = adapter.sha256
+    def write(self, slot: int, adapter: LoraAdapter) -> None:
+        """Copy the weights into the slot's reserved pages and fill its row tables."""
+        pages = self._taken[slot]
         # read_adapter already refused ranks above the maximum the tables were sized for.
         assert adapter.rank <= self.max_rank, "adapter read with another max rank"
         pool = self.pool
         placements, num_slabs = pack(row_blocks(adapter), pool.slab_elems)
-        assert num_slabs <= len(reservation.pages) * pool.slabs_per_page, "reserved with another size"
+        assert num_slabs <= len(pages) * pool.slabs_per_page, "reserved with another size"
         staging = torch.zeros(num_slabs, pool.slab_elems, dtype=pool.dtype)
-        slab_ids = [
-            pool.slab_id(reservation.pages[s // pool.slabs_per_page], s % pool.slabs_per_page) for s in range(num_slabs)
-        ]
+        slab_ids = [pool.slab_id(pages[s // pool.slabs_per_page], s % pool.slabs_per_page) for s in range(num_slabs)]
         tables = (
             torch.full(self.a_rows[:, :, 0].shape, pool.zero_offset, dtype=torch.int64),
             torch.full(self.b_rows[:, :, 0].shape, pool.zero_offset, dtype=torch.int64),
@@ -226,7 +197,6 @@ class AdapterSlots:
             ranks[layer, PROJECTIONS.index(projection)] = weights.rank
             scales[layer, PROJECTIONS.index(projection)] = weights.scale
         slab_index = torch.tensor(slab_ids, dtype=torch.long)
-        slot = reservation.slot
         if self._copy_stream is None:
             self._copy(slot, slab_index, staging, tables, ranks, scales)
             return
@@ -251,14 +221,12 @@ class AdapterSlots:
         self.ranks[:, :, slot] = ranks.to(device, non_blocking=True)
         self.scales[:, :, slot] = scales.to(device, non_blocking=True)
 
-    def activate(self, name: str) -> None:
+    def activate(self, slot: int) -> None:
         """The reserved slot's weights are written: the kernels may use it from the next step."""
-        self._loaded[name] = self._reserved.pop(name)
-        self._generations[self._loaded[name].slot] += 1
+        self._generations[slot] += 1
 
-    def unload(self, name: str) -> None:
+    def unload(self, slot: int) -> None:
         """Free the slot and its pages (no running sequence uses it)."""
-        reservation = self._loaded.pop(name)
-        self.ranks[:, :, reservation.slot] = 0
-        self.scales[:, :, reservation.slot] = 0.0
-        self.pool.pages.release(reservation.pages, PageUse.ADAPTER)
+        self.ranks[:, :, slot] = 0
+        self.scales[:, :, slot] = 0.0
+        self.cancel(slot)

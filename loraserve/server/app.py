@@ -50,7 +50,6 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     tenants = Tenants(registry, calls, config.api_keys)
     tenants.load()
     metrics = Metrics()
-    engine.observe_adapter_loads(metrics.adapter_load.observe)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

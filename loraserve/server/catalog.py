@@ -5,8 +5,9 @@ engine refuses it, so a restart always sees what was served. Changes to one name
 serialized (an upload and a delete of the same name cannot interleave), and a change
 once started goes on when its client stops waiting for a hung database: it is applied, or
 fails, whole, once the database answers.
-Reads on the request path (name -> record for routing and personas) come from memory;
-usage counts gather in memory and reach the database in the background. The database is
+Reads on the request path (name -> record for routing and personas) come from the engine's
+adapter records (adapter_state.py), which carry the registry's record: one copy, no second
+map to keep in step. Usage counts gather in memory and reach the database in the background. The database is
 reached only through RegistryCalls, never on a thread inference needs.
 """
 
@@ -18,7 +19,7 @@ import logging
 import weakref
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from loraserve.crash_points import crash_point
 from loraserve.engine.async_engine import AsyncLLMEngine
@@ -43,7 +44,6 @@ class AdapterCatalog:
         self.engine = engine
         self.base_model = base_model
         self.usage = UsageBuffer()
-        self._ready: dict[str, AdapterInfo] = {}
         self._name_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._changes: set[asyncio.Task[object]] = set()  # referenced until done, or they may vanish
 
@@ -56,8 +56,7 @@ class AdapterCatalog:
                 logger.warning("adapter %r not served: %s", info.name, info.status_reason)
                 continue
             # Read at its first request (the hash was just checked); thousands may be registered.
-            self.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256)
-            self._ready[info.name] = info
+            self.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256, served_as=info)
 
     def register_samples(self, directory: Path) -> None:
         """Register each PEFT directory under `directory` by its directory name (those not registered yet)."""
@@ -72,14 +71,14 @@ class AdapterCatalog:
 
     def get(self, name: str) -> AdapterInfo:
         """The ready adapter called `name`; UnknownAdapterError (404) otherwise."""
-        info = self._ready.get(name)
+        info = self.engine.served_as(name)
         if info is None:
             raise UnknownAdapterError(name)
-        return info
+        return cast(AdapterInfo, info)
 
     @property
     def ready(self) -> list[AdapterInfo]:
-        return sorted(self._ready.values(), key=lambda info: info.name)
+        return sorted(cast(list[AdapterInfo], self.engine.served()), key=lambda info: info.name)
 
     async def records(self) -> list[AdapterInfo]:
         """Every registered adapter, from the database (with its counters)."""
@@ -105,11 +104,10 @@ class AdapterCatalog:
             )  # fmt: skip
             stored = self.registry.files_of(info)
             try:
-                await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter))
+                await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter, info))
             except BaseException:
                 await self.calls(f"delete adapter {name!r}", self.registry.delete, name, wait=True)
                 raise
-            self._ready[name] = info
             crash_point("upload.served")
             return info
 
@@ -120,8 +118,7 @@ class AdapterCatalog:
             info = await self.calls(
                 f"update adapter {name!r}", lambda: self.registry.update(name, **changes), wait=True
             )
-            if name in self._ready:
-                self._ready[name] = info
+            self.engine.describe_adapter(name, info)
             return info
 
         return await self._change(name, change())
@@ -131,21 +128,27 @@ class AdapterCatalog:
 
         async def change() -> AdapterInfo:
             info = await self.calls(f"delete adapter {name!r}", self.registry.delete, name, wait=True)
-            if self._ready.pop(name, None) is not None:
-                await self.engine.call(lambda engine: engine.remove_adapter(name))
+            await self._stop_serving(name)
             return info
 
         return await self._change(name, change())
 
     async def mark_failed(self, name: str, reason: str) -> None:
         """The engine could not load a stored adapter: stop offering it now; the registry learns why later."""
-        if self._ready.pop(name, None) is None:
+        if not await self._stop_serving(name):
             return
         logger.error("adapter %r failed: %s", name, reason)
-        await self.engine.call(lambda engine: engine.remove_adapter(name))
         self._in_background(
             self.calls(f"mark adapter {name!r} failed", self.registry.mark_failed, name, reason, wait=True)
         )
+
+    async def _stop_serving(self, name: str) -> bool:
+        """New requests for `name` get 404; the engine drains it. False if it was not served."""
+        try:
+            await self.engine.call(lambda engine: engine.remove_adapter(name))
+        except UnknownAdapterError:
+            return False
+        return True
 
     def record_usage(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
         """Count a finished request; the registry gets it with the next flush."""

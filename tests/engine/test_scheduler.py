@@ -12,7 +12,7 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.stop_checker import StopChecker
-from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, register_tiny, tiny_adapter_manager
+from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, device_names, register_tiny, tiny_adapter_manager
 
 EOS = 2
 
@@ -175,7 +175,7 @@ def test_a_request_whose_adapter_has_no_free_slot_waits_while_later_ones_run(tok
     assert adapters.wait_idle()
     batch = step(scheduler)
     assert [item.seq.request for item in batch.scheduled] == [b]
-    assert adapters.slots.names == ["b"], "a was evicted once it had no running sequence"
+    assert device_names(adapters) == ["b"], "a was evicted once it had no running sequence"
     assert adapters.stats.evictions == 1
 
 
@@ -245,7 +245,7 @@ def test_a_request_whose_scheduling_raises_ends_after_the_step_and_the_others_ru
     assert scheduler.take_failed() == [broken]
     assert broken.error is not None and broken.error.code == "step_failed"
     assert "corrupt slot table" in broken.error.message
-    assert not adapters._running["broken"], "its hold on the adapter was released"
+    assert adapters.record("broken").running == 0, "its hold on the adapter was released"
     while scheduler.has_unfinished():
         step(scheduler)
     assert good.is_finished and base.is_finished and good.error is None

@@ -1,6 +1,7 @@
-"""The two CPU paths equal plain math - the compiled kernel over the pool (native.py) and, without a
-compiler, rows regrouped by adapter over dense stacks of the step's adapters (grouped_lora) - for
-fused projections, mixed ranks and targets, rows without an adapter, and a slot reused."""
+"""The LoRA backends equal plain math - the compiled CPU kernel over the pool (native.py), without a
+compiler rows regrouped by adapter over dense stacks of the step's adapters (grouped_lora), and the
+GPU's Triton kernels under the interpreter - for fused projections, mixed ranks and targets, rows
+without an adapter, and a slot reused."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 import torch
 
 from loraserve.lora.adapter import LoraAdapter, LoraWeights, projection_shapes
+from loraserve.lora.backends import CompiledCpuLora, GroupedRows, LoraBackend, TorchCpuLora, TritonLora
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch
 from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.slots import AdapterSlots
+from sgmv_kernels import lora_expand, lora_shrink
 from sgmv_kernels.cpu import RowGroups
-from sgmv_kernels.native import LoraKernel, load_kernel
+from sgmv_kernels.native import RowChunks, load_kernel
 from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, TINY_SPEC
 
 SHAPES = projection_shapes(TINY_SPEC)
@@ -38,11 +41,12 @@ def adapter(seed: int, rank: int, targets: tuple[str, ...], scale: float) -> Lor
     )  # fmt: skip
 
 
-def load(slots: AdapterSlots, name: str, weights: LoraAdapter) -> int:
-    assert slots.reserve(name, slots.pages_needed(weights))
-    slots.write(name, weights)
-    slots.activate(name)
-    return slots.slot_of(name)
+def load(slots: AdapterSlots, weights: LoraAdapter) -> int:
+    slot = slots.reserve(slots.pages_needed(weights))
+    assert slot is not None
+    slots.write(slot, weights)
+    slots.activate(slot)
+    return slot
 
 
 def expected(x, out, adapters_by_row, layer, projections):
@@ -60,12 +64,22 @@ def expected(x, out, adapters_by_row, layer, projections):
 
 
 @pytest.fixture(scope="module", params=["native", "torch"])
-def cpu_kernel(request, tmp_path_factory) -> LoraKernel | None:
+def cpu_backend(request, tmp_path_factory) -> LoraBackend:
     if request.param == "torch":
-        return None
+        return TorchCpuLora()
     kernel = load_kernel(tmp_path_factory.mktemp("kernels"))
     assert kernel is not None
-    return kernel
+    return CompiledCpuLora(kernel)
+
+
+def add_with_references(batch: LoraBatch, layer: int, projections, x, out) -> None:
+    """The kernels' torch references (sgmv_kernels on the CPU), a projection at a time."""
+    column = 0
+    for projection in projections:
+        weights, width = batch.slots.layers[layer][projection], SHAPES[projection][1]
+        segments = {"seg_indptr": batch.seg_indptr, "seg_slots": batch.seg_slots}
+        lora_expand(lora_shrink(x, weights, **segments), weights, out[:, column : column + width], **segments)
+        column += width
 
 
 @pytest.fixture
@@ -77,7 +91,7 @@ def slots_and_adapters():
         "all-r8": adapter(2, 8, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 0.5),
         "mlp-r4": adapter(3, 4, ("gate_proj", "up_proj", "down_proj"), 1.5),
     }
-    slot_of = {name: load(slots, name, weights) for name, weights in adapters.items()}
+    slot_of = {name: load(slots, weights) for name, weights in adapters.items()}
     return slots, adapters, slot_of
 
 
@@ -91,11 +105,12 @@ def slots_and_adapters():
     ],
 )
 @pytest.mark.parametrize(("layer", "projections"), [(0, QKV), (1, ("gate_proj", "up_proj")), (1, ("down_proj",))])
-def test_cpu_paths_equal_plain_math(slots_and_adapters, cpu_kernel, lengths, names, layer, projections):
+def test_cpu_paths_equal_plain_math(slots_and_adapters, cpu_backend, lengths, names, layer, projections):
     slots, adapters, slot_of = slots_and_adapters
     slot_ids = [slot_of[n] if n else NO_ADAPTER for n in names]
-    batch = LoraBatch.build(slots, lengths, slot_ids, "cpu", cpu_kernel)
-    assert batch is not None and (batch.native is not None) == (cpu_kernel is not None)
+    batch = LoraBatch.build(slots, lengths, slot_ids, cpu_backend)
+    assert batch is not None
+    assert isinstance(batch.plan, RowChunks if isinstance(cpu_backend, CompiledCpuLora) else GroupedRows)
     rows = [adapters[n] if n else None for n, length in zip(names, lengths, strict=True) for _ in range(length)]
     generator = torch.Generator().manual_seed(7)
     x = torch.randn(sum(lengths), SHAPES[projections[0]][0], generator=generator)
@@ -105,24 +120,24 @@ def test_cpu_paths_equal_plain_math(slots_and_adapters, cpu_kernel, lengths, nam
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     # The other path (the kernels' torch references, the GPU path's semantics) adds the same delta.
     delta = torch.zeros_like(out)
-    dataclasses.replace(batch, native=None, grouped=None).add(layer, projections, x, delta)
+    add_with_references(batch, layer, projections, x, delta)
     zero_based = expected(x, torch.zeros_like(out), rows, layer, projections)
     torch.testing.assert_close(delta, zero_based, atol=1e-5, rtol=1e-5)
     # And the GPU path itself: the Triton kernels, under the interpreter here.
     kernels = torch.zeros_like(out)
-    batch.add_with_kernels(layer, projections, x, kernels)
+    dataclasses.replace(batch, backend=TritonLora()).add(layer, projections, x, kernels)
     torch.testing.assert_close(kernels, zero_based, atol=1e-5, rtol=1e-5)
 
 
-def test_a_reused_slot_gets_the_new_weights(slots_and_adapters, cpu_kernel):
+def test_a_reused_slot_gets_the_new_weights(slots_and_adapters, cpu_backend):
     slots, _, slot_of = slots_and_adapters
     x, out = torch.ones(2, 8), torch.zeros(2, 16)
-    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, "cpu", cpu_kernel).add(0, QKV, x, out)
-    slots.unload("all-r8")
+    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, cpu_backend).add(0, QKV, x, out)
+    slots.unload(slot_of["all-r8"])
     replacement = adapter(9, 8, QKV, 1.0)
-    assert load(slots, "replacement", replacement) == slot_of["all-r8"]
+    assert load(slots, replacement) == slot_of["all-r8"]
     out = torch.zeros(2, 16)
-    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, "cpu", cpu_kernel).add(0, QKV, x, out)
+    LoraBatch.build(slots, [1, 1], [slot_of["all-r8"]] * 2, cpu_backend).add(0, QKV, x, out)
     torch.testing.assert_close(out, expected(x, torch.zeros(2, 16), [replacement] * 2, 0, QKV), atol=1e-5, rtol=1e-5)
 
 

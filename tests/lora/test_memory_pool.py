@@ -38,7 +38,7 @@ def test_an_adapter_takes_pages_in_proportion_to_its_rank():
         load(manager, name)
         manager.release(name)
     pages = manager.slots.pool.pages
-    assert (manager.slots.pages_of("r8"), manager.slots.pages_of("r64")) == (4, 32), "1:8, no padding to a max rank"
+    assert (manager.pages_of("r8"), manager.pages_of("r64")) == (4, 32), "1:8, no padding to a max rank"
     assert pages.num_used(PageUse.ADAPTER) == 36 and pages.num_free == 64 - 36
 
 
@@ -47,9 +47,9 @@ def test_rows_land_in_the_reserved_pages_and_unloading_returns_them():
     register_tiny(manager, "a", seed=3)
     load(manager, "a")
     slots, pool = manager.slots, manager.slots.pool
-    reserved = slots.pages_held("a")
+    reserved = slots.pages_held(manager.slot_of("a"))
     q = slots.layers[0]["q_proj"]
-    rows = q.a_rows[slots.slot_of("a"), :2]
+    rows = q.a_rows[manager.slot_of("a"), :2]
     pages_of_rows = {pool.page_of(int(offset)) for offset in rows}
     assert pages_of_rows <= set(reserved), "the table points into the adapter's own pages"
     torch.testing.assert_close(gather_rows(q.pool, rows, 8), tiny_adapter(3).weights[(0, "q_proj")].a)
@@ -74,7 +74,8 @@ def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
     manager.register("all", AdapterSource(Path("tiny") / "0", None), adapter)
     load(manager, "all")
     slots, pool = manager.slots, manager.slots.pool
-    slot, pages = slots.slot_of("all"), slots.pages_held("all")
+    slot = manager.slot_of("all")
+    pages = slots.pages_held(slot)
     page_elems = pool.slabs_per_page * pool.slab_elems
 
     def place_in_adapter(offset: int) -> int:  # where the row lies in the adapter's own pages, in order
@@ -110,7 +111,7 @@ def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_w
     assert manager.acquire("b") is Residency.NO_SLOT, "every page holds KV of running sequences"
     blocks.free(seq)
     load(manager, "b")
-    assert manager.slots.pool.pages.num_used(PageUse.KV) == 1 and manager.slots.pages_of("b") == 1
+    assert manager.slots.pool.pages.num_used(PageUse.KV) == 1 and manager.pages_of("b") == 1
 
 
 def test_the_pool_is_sized_from_bytes_or_a_fraction_of_free_memory():

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from loraserve.lora.adapter import LoraAdapter, LoraWeights
+from loraserve.lora.adapter_state import AdapterState
 from loraserve.lora.manager import AdapterManager, AdapterSource
 from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.slots import AdapterSlots
@@ -56,3 +57,8 @@ def tiny_adapter_manager(
 
 def register_tiny(manager: AdapterManager, name: str, seed: int) -> None:
     manager.register(name, AdapterSource(Path("tiny") / str(seed), None))
+
+
+def device_names(manager: AdapterManager) -> list[str]:
+    """The adapters in a device slot."""
+    return [record.name for record in manager.records() if record.state is AdapterState.ON_DEVICE]

@@ -23,11 +23,12 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import UploadFile
 
 from loraserve.crash_points import crash_point
-from loraserve.engine.stats import EngineStats
+from loraserve.engine.stats import json_view
 from loraserve.errors import AdapterError, AdapterNotFoundError, raise_if_disk_full
 from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
 from loraserve.registry import AdapterInfo
 from loraserve.registry.archive import SUFFIXES, extract_adapter_archive
+from loraserve.server.responses import AdapterList, AdapterRecord, Deleted, Pool
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -55,7 +56,7 @@ class UnloadLoraRequest(BaseModel):
 UPLOADS_DIR = "uploads"  # in the data directory: scratch space of uploads in flight
 
 
-@router.post("/admin/adapters", status_code=201)
+@router.post("/admin/adapters", status_code=201, response_model=AdapterRecord)
 async def upload_adapter(request: Request) -> JSONResponse:
     state = server_state(request)
     form = await request.form(max_files=4, max_fields=8)
@@ -77,51 +78,50 @@ async def upload_adapter(request: Request) -> JSONResponse:
             info = await state.catalog.add(name, source, system_prompt, description)
     finally:
         await form.close()
-    return JSONResponse(await _record(state, info), status_code=201)
+    return JSONResponse(_record(state, info), status_code=201)
 
 
-@router.get("/admin/adapters")
+@router.get("/admin/adapters", response_model=AdapterList)
 async def list_adapters(request: Request) -> dict[str, Any]:
     state = server_state(request)
     infos = await state.catalog.records()
-    stats = await state.engine.call(lambda engine: engine.stats())
-    return {"object": "list", "data": [_with_residency(info, stats) for info in infos]}
+    return {"object": "list", "data": [_record(state, info) for info in infos]}
 
 
-@router.get("/admin/adapters/{name}")
+@router.get("/admin/adapters/{name}", response_model=AdapterRecord)
 async def get_adapter(name: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
     info = await state.catalog.record(name)
     if info is None:
         raise AdapterNotFoundError(name)
-    return await _record(state, info)
+    return _record(state, info)
 
 
-@router.patch("/admin/adapters/{name}")
+@router.patch("/admin/adapters/{name}", response_model=AdapterRecord)
 async def patch_adapter(name: str, body: AdapterPatch, request: Request) -> dict[str, Any]:
     state = server_state(request)
     changes = {field: getattr(body, field) for field in ("description", "system_prompt")}
     info = await state.catalog.update(name, **{k: v for k, v in changes.items() if v is not _UNSET})
-    return await _record(state, info)
+    return _record(state, info)
 
 
-@router.delete("/admin/adapters/{name}")
+@router.delete("/admin/adapters/{name}", response_model=Deleted)
 async def delete_adapter(name: str, request: Request) -> dict[str, Any]:
     info = await server_state(request).catalog.remove(name)
     return {"name": info.name, "deleted": True}
 
 
-@router.post("/admin/adapters/{name}/pin")
+@router.post("/admin/adapters/{name}/pin", response_model=AdapterRecord)
 async def pin_adapter(name: str, request: Request) -> dict[str, Any]:
     return await _set_pinned(server_state(request), name, pinned=True)
 
 
-@router.post("/admin/adapters/{name}/unpin")
+@router.post("/admin/adapters/{name}/unpin", response_model=AdapterRecord)
 async def unpin_adapter(name: str, request: Request) -> dict[str, Any]:
     return await _set_pinned(server_state(request), name, pinned=False)
 
 
-@router.post("/v1/load_lora_adapter")
+@router.post("/v1/load_lora_adapter", response_model=AdapterRecord)
 async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> dict[str, Any]:
     """vLLM's route: `lora_path` is a PEFT directory on the server's own disk."""
     state = server_state(request)
@@ -129,73 +129,35 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> dict[str
     if not path.is_dir():
         raise AdapterError("lora_path", f"{body.lora_path!r} is not a directory on the server")
     info = await state.catalog.add(body.lora_name, path, system_prompt=None, description=None)
-    return await _record(state, info)
+    return _record(state, info)
 
 
-@router.post("/v1/unload_lora_adapter")
+@router.post("/v1/unload_lora_adapter", response_model=Deleted)
 async def unload_lora_adapter(body: UnloadLoraRequest, request: Request) -> dict[str, Any]:
     info = await server_state(request).catalog.remove(body.lora_name)
     return {"name": info.name, "deleted": True}
 
 
-@router.get("/admin/pool")
+@router.get("/admin/pool", response_model=Pool)
 async def pool(request: Request) -> dict[str, Any]:
-    stats = await server_state(request).engine.call(lambda engine: engine.stats())
-    return {
-        "pages": {
-            "total": stats.pool_pages,
-            "kv": stats.kv_pages,
-            "adapters": stats.adapter_pages,
-            "free": stats.free_pages,
-            "page_bytes": stats.page_bytes,
-            "block_size": stats.block_size,
-            "kv_capacity": stats.kv_capacity_pages,
-        },
-        "adapter_slots": {"total": stats.adapter_slots_total, "used": len(stats.device_adapters)},
-        "device_adapters": [asdict(adapter) for adapter in stats.device_adapters],
-        "host_adapters": stats.host_adapters,
-        "host_cache": {"bytes": stats.host_cache_bytes, "capacity_bytes": stats.host_cache_capacity_bytes},
-        "adapter_disk_reads": stats.adapter_disk_reads,
-        "adapter_loads": stats.adapter_loads,
-        "adapter_evictions": stats.adapter_evictions,
-        "adapter_load_seconds_total": stats.adapter_load_seconds_total,
-        "running_sequences": stats.running_sequences,
-        "waiting_sequences": stats.waiting_sequences,
-        "prefix_cache": {
-            "blocks": stats.prefix_cache_blocks,
-            "queried_tokens": stats.prefix_cache_queried_tokens,
-            "hit_tokens": stats.prefix_cache_hit_tokens,
-        },
-    }
+    return json_view(await server_state(request).engine.call(lambda engine: engine.stats()))
 
 
 async def _set_pinned(state: ServerState, name: str, pinned: bool) -> dict[str, Any]:
     state.catalog.get(name)  # 404 unless ready
-
-    def apply(engine: Any) -> None:
-        (engine.adapters.pin if pinned else engine.adapters.unpin)(name)
-
-    await state.engine.call(apply)
+    state.engine.set_pinned(name, pinned)
     if pinned:  # answer once the weights are in their slot, so the record shows them there
         await asyncio.to_thread(state.engine.wait_resident, name)
-    return await _record(state, state.catalog.get(name))
+    return _record(state, state.catalog.get(name))
 
 
-async def _record(state: ServerState, info: AdapterInfo) -> dict[str, Any]:
-    stats = await state.engine.call(lambda engine: engine.stats())
-    return _with_residency(info, stats)
-
-
-def _with_residency(info: AdapterInfo, stats: EngineStats) -> dict[str, Any]:
-    """The record as JSON, with where its weights are: device, host or disk only."""
-    device = {adapter.name: adapter for adapter in stats.device_adapters}
-    served = info.status == "ready" and (info.name in device or info.name in stats.host_adapters)
+def _record(state: ServerState, info: AdapterInfo) -> dict[str, Any]:
+    """The record as JSON, with where its weights are (device, host or disk only) as the engine tells."""
     record = asdict(info)
     record["target_modules"] = list(info.target_modules)
     for key in ("created_at", "updated_at"):
         record[key] = record[key].isoformat()
-    record["residency"] = "device" if info.name in device else "host" if served else "disk"
-    record["pinned"] = info.name in device and device[info.name].pinned
+    record["residency"], record["pinned"] = state.engine.residency(info.name)
     return record
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from loraserve.errors import InvalidRequestError
 from loraserve.registry import ApiKeyInfo, KeySpec
 from loraserve.registry.adapter_name import is_valid_name
+from loraserve.server.responses import KeyList, KeyRevoked, NewKey
 from loraserve.server.state import server_state
 
 router = APIRouter()
@@ -38,7 +39,7 @@ class KeyRequest(BaseModel):
     )
 
 
-@router.post("/admin/keys", status_code=201)
+@router.post("/admin/keys", status_code=201, response_model=NewKey)
 async def create_key(body: KeyRequest, request: Request) -> JSONResponse:
     allowed = body.allowed_models
     if allowed is not None:
@@ -56,12 +57,12 @@ async def create_key(body: KeyRequest, request: Request) -> JSONResponse:
     return JSONResponse({**key_record(record), "key": key}, status_code=201)
 
 
-@router.get("/admin/keys")
+@router.get("/admin/keys", response_model=KeyList)
 async def list_keys(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [key_record(record) for record in server_state(request).tenants.records()]}
 
 
-@router.delete("/admin/keys/{key_id}")
+@router.delete("/admin/keys/{key_id}", response_model=KeyRevoked)
 async def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_KEY_ID)], request: Request) -> dict[str, Any]:
     record = await server_state(request).tenants.revoke(key_id)
     return {"id": record.id, "tenant": record.tenant, "deleted": True}

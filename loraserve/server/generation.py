@@ -25,8 +25,11 @@ from loraserve.server.auth import grant_of
 from loraserve.server.state import ServerState, server_state
 from loraserve.server.tenants import UNKEYED_ACCESS, TenantKey
 
+
 # A route that answers JSON, or server-sent events when the request says "stream": true.
-JSON_OR_EVENTS: dict[int | str, dict[str, Any]] = {200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+def json_or_events(model: Any) -> dict[int | str, dict[str, Any]]:
+    """A route's documented 200: `model` as JSON, or a stream of server-sent events."""
+    return {200: {"model": model, "content": {"text/event-stream": {}}}}
 
 
 def resolve_adapter(state: ServerState, name: str | None) -> AdapterInfo | None:

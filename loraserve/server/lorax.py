@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -18,7 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
 from loraserve.errors import InvalidRequestError, LoraserveError
-from loraserve.server.generation import JSON_OR_EVENTS, Scheduling, fields_named, generate, resolve_adapter
+from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_adapter
+from loraserve.server.responses import (
+    AlternativeToken,
+    GenerateDetails,
+    GeneratedToken,
+    GenerateResponse,
+    StreamDetails,
+    StreamEvent,
+)
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -86,22 +94,22 @@ class GenerateRequest(BaseModel):
     stream: bool = False
 
 
-@router.post("/generate")
-async def generate_route(body: GenerateRequest, request: Request) -> dict[str, Any]:
+@router.post("/generate", response_model=GenerateResponse, response_model_exclude_unset=True)
+async def generate_route(body: GenerateRequest, request: Request) -> GenerateResponse:
     return await _complete(request, body)
 
 
-@router.post("/generate_stream", responses={200: {"content": {"text/event-stream": {}}}})
+@router.post("/generate_stream", responses={200: {"model": StreamEvent, "content": {"text/event-stream": {}}}})
 async def generate_stream_route(body: GenerateRequest, request: Request) -> StreamingResponse:
     return await _stream(request, body)
 
 
-@router.post("/", response_model=None, responses=JSON_OR_EVENTS)
+@router.post("/", response_model=None, responses=json_or_events(list[GenerateResponse]))
 async def lorax_root(body: GenerateRequest, request: Request) -> JSONResponse | StreamingResponse:
     """lorax-client posts here: a one-element list when not streaming, events when streaming."""
     if body.stream:
         return await _stream(request, body)
-    return JSONResponse([await _complete(request, body)])
+    return JSONResponse([(await _complete(request, body)).model_dump(exclude_unset=True)])
 
 
 # SamplingParams' names -> the names this route's clients send.
@@ -133,21 +141,20 @@ async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator
         return outputs, await anext(outputs)
 
 
-async def _complete(request: Request, body: GenerateRequest) -> dict[str, Any]:
+async def _complete(request: Request, body: GenerateRequest) -> GenerateResponse:
     state = server_state(request)
     outputs, final = await _start(request, body)
     async for final in outputs:  # noqa: B007 - only the finished output is answered
         pass
     completion = final.outputs[0]
-    response: dict[str, Any] = {"generated_text": _full_text(body, completion.text)}
-    if body.parameters.details:
-        response["details"] = {
-            **_stream_details(body, final),
-            "prefill": [],
-            "tokens": [_token(state, completion, i) for i in range(len(completion.token_ids))],
-            "best_of_sequences": None,
-        }
-    return response
+    text = _full_text(body, completion.text)
+    if not body.parameters.details:
+        return GenerateResponse(generated_text=text)
+    tokens = [_token(state, completion, i) for i in range(len(completion.token_ids))]
+    details = GenerateDetails(
+        **_stream_details(body, final).model_dump(), prefill=[], tokens=tokens, best_of_sequences=None
+    )
+    return GenerateResponse(generated_text=text, details=details)
 
 
 async def _stream(request: Request, body: GenerateRequest) -> StreamingResponse:
@@ -162,12 +169,14 @@ async def _stream(request: Request, body: GenerateRequest) -> StreamingResponse:
             for i in range(sent_tokens, len(completion.token_ids)):
                 last = i == len(completion.token_ids) - 1
                 text = completion.text[len(sent_text) :] if last else ""
-                event: dict[str, Any] = {"token": {**_token(state, completion, i), "text": text}}
                 done = last and output.finished
-                event["generated_text"] = _full_text(body, completion.text) if done else None
-                event["details"] = _stream_details(body, output) if done else None
+                event = StreamEvent(
+                    token=_token(state, completion, i).model_copy(update={"text": text}),
+                    generated_text=_full_text(body, completion.text) if done else None,
+                    details=_stream_details(body, output) if done else None,
+                )
                 sent_text += text
-                yield f"data:{json.dumps(event, ensure_ascii=False)}\n\n"
+                yield f"data:{event.model_dump_json(exclude_unset=True)}\n\n"
             sent_tokens = len(completion.token_ids)
             try:
                 output = await anext(outputs, None)
@@ -182,33 +191,33 @@ def _full_text(body: GenerateRequest, text: str) -> str:
     return body.inputs + text if body.parameters.return_full_text else text
 
 
-def _stream_details(body: GenerateRequest, output: RequestOutput) -> dict[str, Any]:
+def _stream_details(body: GenerateRequest, output: RequestOutput) -> StreamDetails:
     completion = output.outputs[0]
-    return {
-        "finish_reason": _finish_reason(completion),
-        "prompt_tokens": len(output.prompt_token_ids),
-        "generated_tokens": len(completion.token_ids),
-        "seed": body.parameters.seed,
-    }
+    return StreamDetails(
+        finish_reason=_finish_reason(completion),
+        prompt_tokens=len(output.prompt_token_ids),
+        generated_tokens=len(completion.token_ids),
+        seed=body.parameters.seed,
+    )
 
 
-def _finish_reason(completion: CompletionOutput) -> str:
+def _finish_reason(completion: CompletionOutput) -> Literal["length", "eos_token", "stop_sequence"]:
     if completion.finish_reason == "length":
         return "length"
     return "stop_sequence" if isinstance(completion.stop_reason, str) else "eos_token"
 
 
-def _token(state: ServerState, completion: CompletionOutput, index: int) -> dict[str, Any]:
+def _token(state: ServerState, completion: CompletionOutput, index: int) -> GeneratedToken:
     token_id = completion.token_ids[index]
     entry = completion.logprobs[index] if completion.logprobs else None
-    token: dict[str, Any] = {
-        "id": token_id,
-        "text": state.tokenizer.decode([token_id]),
-        "logprob": entry.logprob if entry else 0.0,
-        "special": token_id in state.special_token_ids,
-    }
+    token = GeneratedToken(
+        id=token_id,
+        text=state.token_text(token_id),
+        logprob=entry.logprob if entry else 0.0,
+        special=token_id in state.special_token_ids,
+    )
     if entry is not None and entry.top:
-        token["alternative_tokens"] = [
-            {"id": t, "text": state.tokenizer.decode([t]), "logprob": lp} for t, lp in entry.top.items()
+        token.alternative_tokens = [
+            AlternativeToken(id=t, text=state.token_text(t), logprob=lp) for t, lp in entry.top.items()
         ]
     return token

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from openai.types import Completion, CompletionChoice, CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
+from openai.types.chat.chat_completion_token_logprob import TopLogprob
+from openai.types.completion_choice import Logprobs
+from openai.types.completion_usage import PromptTokensDetails
+from pydantic import BaseModel
 
 from loraserve.engine import RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
@@ -17,13 +26,17 @@ from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundE
 from loraserve.registry import AdapterInfo
 from loraserve.server.auth import grant_of
 from loraserve.server.errors import stream_error_event
-from loraserve.server.generation import JSON_OR_EVENTS, Scheduling, fields_named, generate, resolve_adapter
+from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_adapter
+from loraserve.server.responses import CompletionChunk, CompletionChunkChoice
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
 
 DEFAULT_CHAT_MAX_TOKENS = 512
+
+T = TypeVar("T", ChoiceLogprobs, ChunkLogprobs)
+C = TypeVar("C", bound=CompletionChoice)
 
 
 @router.get("/v1/models")
@@ -38,7 +51,7 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[card for card in (base, *adapters) if grant.may_use(card.id)])
 
 
-@router.post("/v1/completions", response_model=None, responses=JSON_OR_EVENTS)
+@router.post("/v1/completions", response_model=None, responses=json_or_events(Completion))
 async def create_completion(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
     adapter = _adapter_of(state, body)
@@ -46,7 +59,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> JSONRe
     return await _respond(request, body, body.prompt, params, adapter, _CompletionFormat(state, body.model))
 
 
-@router.post("/v1/chat/completions", response_model=None, responses=JSON_OR_EVENTS)
+@router.post("/v1/chat/completions", response_model=None, responses=json_or_events(ChatCompletion))
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
     adapter = _adapter_of(state, body)
@@ -96,7 +109,7 @@ async def _respond(
     final = first
     async for final in outputs:  # noqa: B007 - only the finished output is answered
         pass
-    return JSONResponse(fmt.response(request_id, final))
+    return JSONResponse(fmt.response(request_id, final).model_dump(exclude_unset=True))
 
 
 async def _sse(
@@ -132,27 +145,27 @@ async def _sse(
             yield "data: [DONE]\n\n"
             return
     if include_usage:
-        yield _event({**fmt.envelope(request_id, chunk=True), "choices": [], "usage": _usage(last)})
+        yield _event(fmt.usage_chunk(request_id, last))
     yield "data: [DONE]\n\n"
 
 
-def _event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _event(payload: BaseModel) -> str:
+    return f"data: {payload.model_dump_json(exclude_unset=True)}\n\n"
 
 
-def _usage(output: RequestOutput) -> dict[str, Any]:
+def _usage(output: RequestOutput) -> CompletionUsage:
     completion_tokens = sum(len(c.token_ids) for c in output.outputs)
     prompt_tokens = len(output.prompt_token_ids)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens},
-    }
+    return CompletionUsage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=output.num_cached_tokens),
+    )
 
 
 class _Format:
-    """How one route shapes its responses and stream chunks."""
+    """How one route shapes its responses and stream chunks (as the `openai` package's types)."""
 
     id_prefix = ""
     object_name = ""
@@ -164,102 +177,100 @@ class _Format:
         self.created = int(time.time())
 
     def envelope(self, request_id: str, chunk: bool) -> dict[str, Any]:
-        return {
-            "id": request_id,
-            "object": self.chunk_object_name if chunk else self.object_name,
-            "created": self.created,
-            "model": self.model,
-        }
+        name = self.chunk_object_name if chunk else self.object_name
+        return {"id": request_id, "object": name, "created": self.created, "model": self.model}
 
-    def response(self, request_id: str, output: RequestOutput) -> dict[str, Any]:
-        choices = [self.choice(c.index, c.text, c.finish_reason, c.logprobs) for c in output.outputs]
-        return {**self.envelope(request_id, chunk=False), "choices": choices, "usage": _usage(output)}
-
-    def token_text(self, token_id: int) -> str:
-        return str(self.state.tokenizer.decode([token_id]))
-
-    def opening_chunk(self, request_id: str, index: int) -> dict[str, Any] | None:
+    def opening_chunk(self, request_id: str, index: int) -> BaseModel | None:
         return None
 
-    def choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
+    def response(self, request_id: str, output: RequestOutput) -> BaseModel:
         raise NotImplementedError
 
     def chunk(
         self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
+    ) -> BaseModel:
+        raise NotImplementedError
+
+    def usage_chunk(self, request_id: str, output: RequestOutput) -> BaseModel:
         raise NotImplementedError
 
 
 class _CompletionFormat(_Format):
     id_prefix, object_name, chunk_object_name = "cmpl", "text_completion", "text_completion"
 
-    def choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": self._logprobs(logprobs), "finish_reason": finish_reason}
+    def response(self, request_id: str, output: RequestOutput) -> Completion:
+        choices = [self._choice(CompletionChoice, c.index, c.text, c.finish_reason, c.logprobs) for c in output.outputs]
+        return Completion(**self.envelope(request_id, chunk=False), choices=choices, usage=_usage(output))
+
+    def _choice(
+        self, kind: type[C], index: int, text: str, finish_reason: Any, logprobs: list[TokenLogprob] | None
+    ) -> C:
+        return kind(index=index, text=text, logprobs=self._logprobs(logprobs), finish_reason=finish_reason)
 
     def chunk(
         self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
-        return {
-            **self.envelope(request_id, chunk=True),
-            "choices": [self.choice(index, delta, finish_reason, logprobs)],
-        }
+    ) -> CompletionChunk:
+        choice = self._choice(CompletionChunkChoice, index, delta, finish_reason, logprobs)
+        return CompletionChunk(**self.envelope(request_id, chunk=True), choices=[choice])
 
-    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    def usage_chunk(self, request_id: str, output: RequestOutput) -> CompletionChunk:
+        return CompletionChunk(**self.envelope(request_id, chunk=True), choices=[], usage=_usage(output))
+
+    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> Logprobs | None:
         if logprobs is None:
             return None
-        return {
-            "tokens": [self.token_text(e.token_id) for e in logprobs],
-            "token_logprobs": [e.logprob for e in logprobs],
-            "top_logprobs": [{self.token_text(t): lp for t, lp in e.top.items()} for e in logprobs],
-        }
+        text = self.state.token_text
+        return Logprobs(
+            tokens=[text(e.token_id) for e in logprobs],
+            token_logprobs=[e.logprob for e in logprobs],
+            top_logprobs=[{text(t): lp for t, lp in e.top.items()} for e in logprobs],
+        )
 
 
 class _ChatFormat(_Format):
     id_prefix, object_name, chunk_object_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
-    def choice(
-        self, index: int, text: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
-        return {
-            "index": index,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": self._logprobs(logprobs),
-            "finish_reason": finish_reason,
-        }
+    def response(self, request_id: str, output: RequestOutput) -> ChatCompletion:
+        choices = [
+            Choice(
+                index=c.index,
+                message=ChatCompletionMessage(role="assistant", content=c.text),
+                logprobs=self._logprobs(ChoiceLogprobs, c.logprobs),
+                finish_reason=c.finish_reason,  # type: ignore[arg-type]
+            )
+            for c in output.outputs
+        ]
+        return ChatCompletion(**self.envelope(request_id, chunk=False), choices=choices, usage=_usage(output))
 
-    def opening_chunk(self, request_id: str, index: int) -> dict[str, Any]:
-        delta = {"role": "assistant", "content": ""}
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        return {**self.envelope(request_id, chunk=True), "choices": [choice]}
+    def opening_chunk(self, request_id: str, index: int) -> ChatCompletionChunk:
+        opening = ChunkChoice(
+            index=index, delta=ChoiceDelta(role="assistant", content=""), logprobs=None, finish_reason=None
+        )
+        return ChatCompletionChunk(**self.envelope(request_id, chunk=True), choices=[opening])
 
     def chunk(
         self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
-        choice = {
-            "index": index,
-            "delta": {"content": delta} if delta else {},
-            "logprobs": self._logprobs(logprobs),
-            "finish_reason": finish_reason,
-        }
-        return {**self.envelope(request_id, chunk=True), "choices": [choice]}
+    ) -> ChatCompletionChunk:
+        choice = ChunkChoice(
+            index=index,
+            delta=ChoiceDelta(content=delta) if delta else ChoiceDelta(),
+            logprobs=self._logprobs(ChunkLogprobs, logprobs),
+            finish_reason=finish_reason,  # type: ignore[arg-type]
+        )
+        return ChatCompletionChunk(**self.envelope(request_id, chunk=True), choices=[choice])
 
-    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    def usage_chunk(self, request_id: str, output: RequestOutput) -> ChatCompletionChunk:
+        return ChatCompletionChunk(**self.envelope(request_id, chunk=True), choices=[], usage=_usage(output))
+
+    def _logprobs(self, kind: type[T], logprobs: list[TokenLogprob] | None) -> T | None:
         if logprobs is None:
             return None
-        return {"content": [self._entry(e.token_id, e.logprob, e.top) for e in logprobs]}
+        return kind(content=[self._entry(e.token_id, e.logprob, e.top) for e in logprobs])
 
-    def _entry(self, token_id: int, logprob: float, top: dict[int, float]) -> dict[str, Any]:
-        text = self.token_text(token_id)
-        return {
-            "token": text,
-            "logprob": logprob,
-            "bytes": list(text.encode()),
-            "top_logprobs": [
-                {"token": self.token_text(t), "logprob": lp, "bytes": list(self.token_text(t).encode())}
-                for t, lp in top.items()
-            ],
-        }
+    def _entry(self, token_id: int, logprob: float, top: dict[int, float]) -> ChatCompletionTokenLogprob:
+        def alternative(token_id: int, logprob: float) -> TopLogprob:
+            text = self.state.token_text(token_id)
+            return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+
+        alternatives = [alternative(t, lp) for t, lp in top.items()]
+        return ChatCompletionTokenLogprob(**alternative(token_id, logprob).model_dump(), top_logprobs=alternatives)

@@ -27,6 +27,9 @@ class ServerState:
     special_token_ids: frozenset[int]
     started_at: int  # unix seconds
 
+    def token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
+
 
 def server_state(request: Request) -> ServerState:
     state: ServerState = request.app.state.loraserve

@@ -13,10 +13,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 from safetensors.torch import load_file, save_file
 
 from loraserve import SamplingParams
 from loraserve.resources import SAMPLE_ADAPTERS
+from loraserve.server.responses import AdapterRecord, Pool
 from tests.server.conftest import ADMIN, data_snapshot, start_server, wait_until_idle
 
 pytestmark = pytest.mark.slow
@@ -258,3 +260,30 @@ def test_samples_are_registered_on_the_first_start_only(loaded_model, tmp_path):
         names = [m["id"] for m in httpx.get(f"{running.url}/v1/models").json()["data"]]
         assert "robot" not in names, "a deleted sample stays deleted"
     shutil.rmtree(tmp_path)
+
+
+def test_openapi_documents_what_each_route_answers_and_the_answers_match(server):
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    plain = {"/metrics", "/health", "/ready"}  # Prometheus text, and {"status": ...}
+    undocumented = []
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            answer = next(r for code, r in operation["responses"].items() if code.startswith("2"))
+            body = answer.get("content", {}).get("application/json", {}).get("schema", {})
+            if path not in plain and "$ref" not in json.dumps(body):
+                undocumented.append(f"{method.upper()} {path}")
+    assert undocumented == [], "routes whose answer /openapi.json does not describe"
+    models = schema["components"]["schemas"]
+    assert {"ChatCompletion", "Completion", "GenerateResponse", "AdapterRecord", "Pool", "KeyRecord"} <= set(models)
+    assert set(models["Pool"]["properties"]) >= {"pages", "adapter_slots", "device_adapters", "host_cache"}
+    # What the routes answer is what the schema says.
+    model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+    chat = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "logprobs": True},
+    )
+    parsed = ChatCompletion.model_validate(chat.json())
+    assert parsed.choices[0].logprobs is not None and len(parsed.choices[0].logprobs.content) == 4
+    Pool.model_validate(httpx.get(f"{server.url}/admin/pool", headers=ADMIN).json())
+    for record in httpx.get(f"{server.url}/admin/adapters", headers=ADMIN).json()["data"]:
+        AdapterRecord.model_validate(record)

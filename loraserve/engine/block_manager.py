@@ -12,6 +12,8 @@ prefix: shared, as n > 1 siblings share a prompt, and never written (they are fu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from loraserve.engine.prefix_cache import PrefixCache, extend_block_keys
 from loraserve.engine.sequence import Sequence
 from loraserve.memory.page_allocator import PageAllocator, PageUse
@@ -22,8 +24,15 @@ BlockCopy = tuple[int, int]  # (source block, destination block) for the runner 
 class BlockManager:
     """Owns every block's reference count and every sequence's block table."""
 
-    def __init__(self, pages: PageAllocator, block_size: int, prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        pages: PageAllocator,
+        block_size: int,
+        prefix_caching: bool = True,
+        reclaim: Callable[[int], None] | None = None,  # frees this many pages held as a cache (idle adapters)
+    ) -> None:
         self.pages = pages
+        self._reclaim = reclaim
         self.num_blocks = pages.num_pages  # the most KV could ever hold: no adapter loaded
         self.block_size = block_size
         self._ref_counts = [0] * pages.num_pages
@@ -55,7 +64,10 @@ class BlockManager:
 
         Idle adapters are evicted for the room if that is what it takes.
         """
-        return self.pages.reclaim(self.num_blocks_needed(seq, num_new_tokens) + reserve)
+        needed = self.num_blocks_needed(seq, num_new_tokens) + reserve
+        if needed > self.pages.num_free and self._reclaim is not None:
+            self._reclaim(needed - self.pages.num_free)
+        return needed <= self.pages.num_free
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> list[BlockCopy]:
         """Give `seq` the blocks its next tokens are written to; returns copy-on-write copies to do."""

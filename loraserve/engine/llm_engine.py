@@ -47,12 +47,13 @@ class LLMEngine:
         self.model_runner = ModelRunner(
             self.loaded, config.cache, config.lora, seed=config.seed, cache_dir=config.model.cache_dir, graphs=graphs
         )
-        self.block_manager = BlockManager(
-            self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching
-        )
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.max_prompt_chars = self.max_model_len * max(map(len, self.tokenizer.get_vocab()))
         self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)
+        self.block_manager = BlockManager(
+            self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching,
+            reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV
+        )  # fmt: skip
         self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
         self._requests: dict[str, Request] = {}
         self.num_failed_steps = 0  # steps in which some row raised (step_isolation.py)

@@ -72,7 +72,6 @@ class AdapterManager:
         self._pending = 0  # queued or running jobs
         self._worker = threading.Thread(target=self._work, name="loraserve-adapter-loader", daemon=True)
         self._worker.start()
-        slots.pool.pages.reclaimer = self.reclaim_pages
 
     def register(
         self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None, served_as: object = None

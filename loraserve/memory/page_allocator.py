@@ -2,8 +2,8 @@
 
 S-LoRA's unified paging: a page freed by a finished sequence can hold adapter rows next,
 and an idle adapter's pages can become KV blocks. Adapters not in use are a cache: when
-the KV side runs short, `reclaim` asks the adapter manager (through `reclaimer`) to
-evict idle ones before the scheduler preempts a sequence.
+the KV side runs short, the block manager has the adapter manager evict idle ones before
+the scheduler preempts a sequence.
 
 A free page may still hold a KV block the prefix cache can hand out again: the free list
 is ordered, freed pages go to its end and pages are taken from its front (least recently
@@ -37,8 +37,6 @@ class PageAllocator:
         self.lock = threading.RLock()
         # Told of pages about to get new contents (called under `lock`).
         self.on_reuse: Callable[[list[int]], None] | None = None
-        # Frees pages held as a cache (idle adapters); given how many are missing.
-        self.reclaimer: Callable[[int], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -70,9 +68,3 @@ class PageAllocator:
             self._free.update(dict.fromkeys(pages))
             self._used[use] -= len(pages)
             assert self._used[use] >= 0, f"more {use.value} pages released than taken"
-
-    def reclaim(self, count: int) -> bool:
-        """True when `count` pages are free, after evicting idle adapters if they were not."""
-        if count > len(self._free) and self.reclaimer is not None:
-            self.reclaimer(count - len(self._free))
-        return count <= len(self._free)

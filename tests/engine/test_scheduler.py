@@ -25,7 +25,7 @@ def tokenizer(model_dir):
 def make_scheduler(tokenizer, num_blocks=64, adapters=None, **config) -> Scheduler:
     """KV blocks of 4 tokens, sharing `num_blocks` pages with the adapters (when none are given)."""
     adapters = adapters or tiny_adapter_manager(num_slots=1, num_pages=num_blocks)
-    blocks = BlockManager(adapters.slots.pool.pages, TINY_BLOCK_SIZE)
+    blocks = BlockManager(adapters.slots.pool.pages, TINY_BLOCK_SIZE, reclaim=adapters.reclaim_pages)
     stop_checker = StopChecker(tokenizer, frozenset({EOS}), max_model_len=1024)
     return Scheduler(SchedulerConfig(**config), blocks, stop_checker, adapters)
 

@@ -93,7 +93,7 @@ def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
 
 def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_way_to_kv():
     manager = tiny_adapter_manager(num_slots=2, num_pages=8)
-    blocks = BlockManager(manager.slots.pool.pages, TINY_BLOCK_SIZE)
+    blocks = BlockManager(manager.slots.pool.pages, TINY_BLOCK_SIZE, reclaim=manager.reclaim_pages)
     register_tiny(manager, "a", seed=1)  # rank 2: one page
     load(manager, "a")
     assert blocks.num_free_blocks == 7, "the adapter's page is not KV's"

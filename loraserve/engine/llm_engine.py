@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
@@ -17,7 +18,7 @@ from loraserve.engine.model_runner import GraphSettings, ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
-from loraserve.engine.sequence import Request, SequenceStatus
+from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.stats import EngineStats, LoadTimes, ResidentAdapter
 from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
@@ -211,6 +212,11 @@ class LLMEngine:
             ),
             running_sequences=len(self.scheduler.running),
             waiting_sequences=len(self.scheduler.waiting),
+            running_requests=len({seq.request for seq in self.scheduler.running}),
+            waiting_requests=len({seq.request for seq in self.scheduler.waiting}),
+            running_adapters=_adapters_of(self.scheduler.running),
+            waiting_adapters=_adapters_of(self.scheduler.waiting),
+            kv_cache_usage=kv_pages / max(1, pool.num_pages - adapter_pages),
             preemptions=self.scheduler.num_preemptions,
             prefix_cache_blocks=self.block_manager.num_cached_blocks,
             prefix_cache_queried_tokens=self.scheduler.prefix_cache_queried_tokens,
@@ -341,6 +347,11 @@ class LLMEngine:
                 f"the cache has {self.block_manager.num_blocks} of {self.block_manager.block_size} tokens: "
                 "lower n or max_tokens, or raise --pool-memory",
             )
+
+
+def _adapters_of(seqs: Iterable[Sequence]) -> list[str]:
+    """The distinct adapters these sequences use, in order of first use."""
+    return list(dict.fromkeys(seq.request.adapter for seq in seqs if seq.request.adapter is not None))
 
 
 def _timings(request: Request) -> RequestTimings:

@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 
-def stat(help_text: str, metric: str | None = None, json: str | None = None) -> Any:
-    """A statistic: exported as the Prometheus series loraserve_`metric` (a list: its length) and
-    at the dotted `json` path of /admin/pool, where given."""
-    return field(metadata={"help": help_text, "metric": metric, "json": json})
+def stat(help_text: str, metric: str | None = None, json: str | None = None, vllm: tuple[str, ...] = ()) -> Any:
+    """A statistic: exported as the Prometheus series loraserve_`metric` (a list: its length), under
+    vLLM's names `vllm` too (what Kubernetes inference routers read), and at the dotted `json` path
+    of /admin/pool, where given."""
+    return field(metadata={"help": help_text, "metric": metric, "json": json, "vllm": vllm})
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,18 @@ class EngineStats:
     adapter_load_seconds: LoadTimes = stat("Reading and copying an adapter into a device slot", "adapter_load_seconds")
     running_sequences: int = stat("Sequences in the running batch", "running_sequences", "running_sequences")
     waiting_sequences: int = stat("Sequences waiting to be scheduled", "waiting_sequences", "waiting_sequences")
+    running_requests: int = stat(
+        "Requests with a sequence in the running batch", "running_requests", vllm=("vllm:num_requests_running",)
+    )
+    waiting_requests: int = stat(
+        "Requests waiting to be scheduled", "waiting_requests", vllm=("vllm:num_requests_waiting",)
+    )
+    running_adapters: list[str] = stat("Adapters of the running sequences", json="running_adapters")
+    waiting_adapters: list[str] = stat("Adapters of the waiting requests", json="waiting_adapters")
+    kv_cache_usage: float = stat(
+        "Share of the KV capacity (the pool but the adapters' pages) holding tokens; 1 means full",
+        "kv_cache_usage", vllm=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second: older routers
+    )  # fmt: skip
     preemptions: int = stat("Sequences preempted since start", "preemptions")
     prefix_cache_blocks: int = stat(
         "KV blocks findable by their prefix (in use or free)", "prefix_cache_blocks", "prefix_cache.blocks"

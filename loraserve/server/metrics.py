@@ -8,6 +8,7 @@ scrape, in the series engine/stats.py defines.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import fields
 
@@ -85,9 +86,11 @@ class EngineCollector(Collector):
             return
         for definition in fields(self.stats):
             name, help_text = definition.metadata["metric"], definition.metadata["help"]
+            value = getattr(self.stats, definition.name)
+            for vllm_name in definition.metadata["vllm"]:
+                yield GaugeMetricFamily(vllm_name, help_text, value=value)
             if name is None:
                 continue
-            value = getattr(self.stats, definition.name)
             if isinstance(value, LoadTimes):
                 cumulative = list(itertools.accumulate(value.counts))
                 buckets = [(repr(float(b)), c) for b, c in zip(value.bounds, cumulative, strict=False)]
@@ -99,3 +102,17 @@ class EngineCollector(Collector):
                 yield GaugeMetricFamily(
                     f"loraserve_{name}", help_text, value=len(value) if isinstance(value, list) else value
                 )
+        yield lora_requests_info(self.stats)
+
+
+def lora_requests_info(stats: EngineStats) -> GaugeMetricFamily:
+    """vLLM's vllm:lora_requests_info, which LoRA-affinity routers read (Gateway API inference extension,
+    llm-d): the adapters of running and waiting requests as comma-separated labels, the adapter slots as
+    max_lora, and as value the time the label set was read (routers take the newest series)."""
+    info = GaugeMetricFamily(
+        "vllm:lora_requests_info", "Running and waiting adapters (vLLM's names)",
+        labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+    )  # fmt: skip
+    labels = [str(stats.adapter_slots_total), ",".join(stats.running_adapters), ",".join(stats.waiting_adapters)]
+    info.add_metric(labels, time.time())
+    return info

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletion
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file, save_file
 
 from loraserve import SamplingParams
@@ -287,3 +288,32 @@ def test_openapi_documents_what_each_route_answers_and_the_answers_match(server)
     Pool.model_validate(httpx.get(f"{server.url}/admin/pool", headers=ADMIN).json())
     for record in httpx.get(f"{server.url}/admin/adapters", headers=ADMIN).json()["data"]:
         AdapterRecord.model_validate(record)
+
+
+def scrape(server) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """/metrics parsed by prometheus_client's parser: name -> [(labels, value)]."""
+    text = httpx.get(f"{server.url}/metrics").text
+    return {
+        family.name: [(sample.labels, sample.value) for sample in family.samples]
+        for family in text_string_to_metric_families(text)
+    }
+
+
+def test_metrics_carry_the_gauges_kubernetes_inference_routers_read_in_vllms_names(server):
+    assert upload(server, "routed", peft_files(SAMPLES / "pirate")).status_code == 201
+    body = {"model": "routed", "prompt": "Count to a hundred:", "max_tokens": 48, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        during = scrape(server)
+        assert [line for line in lines if line == "data: [DONE]"]
+    wait_until_idle(server.engine)
+    after = scrape(server)
+    assert during["vllm:num_requests_running"] == [({}, 1.0)] and during["vllm:num_requests_waiting"] == [({}, 0.0)]
+    ((_, usage),) = during["vllm:kv_cache_usage_perc"]
+    assert 0 < usage <= 1 and during["vllm:gpu_cache_usage_perc"] == [({}, usage)]
+    ((labels, stamp),) = during["vllm:lora_requests_info"]
+    assert labels == {"max_lora": "8", "running_lora_adapters": "routed", "waiting_lora_adapters": ""}
+    assert abs(stamp - time.time()) < 60, "the value is when the label set was read: routers take the newest"
+    assert after["vllm:num_requests_running"] == [({}, 0.0)]
+    assert after["vllm:lora_requests_info"][0][0]["running_lora_adapters"] == ""

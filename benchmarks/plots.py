@@ -92,3 +92,15 @@ def memory_over_time(samples: Sequence[tuple[float, float]], path: Path, subtitl
     ax.set_title(f"Server memory during the soak run\n{textwrap.fill(subtitle, 90)}", fontsize=9)
     ax.grid(alpha=0.3)
     _save(fig, path)
+
+
+def bars_by_label(panels: Mapping[str, Mapping[str, float]], path: Path, subtitle: str) -> None:
+    """One bar chart per panel title (its y label), the same labels on every x axis."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6))
+    for ax, (title, values) in zip(axes, panels.items(), strict=True):
+        ax.bar(list(values), list(values.values()), color="#4c72b0")
+        ax.set_title(textwrap.fill(title, 32), fontsize=9)
+        ax.tick_params(axis="x", labelsize=7, labelrotation=30)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(subtitle, fontsize=9)
+    _save(fig, path)

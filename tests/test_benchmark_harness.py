@@ -81,3 +81,20 @@ def test_online_run_streams_every_request_through_the_server():
     stdout = run_module("benchmarks.online", "--quick")
     (row,) = [line for line in stdout.splitlines() if line.startswith("| loraserve | 8 |")]
     assert row.endswith("| 0 |"), row  # no request failed
+
+
+def test_routing_simulation_serves_every_request_and_affinity_loads_fewer_adapters():
+    from benchmarks.routing_sim import ASSUMED, capacity, policies, simulate, workload
+
+    replicas, max_batch, slots, prompt_tokens = 8, 16, 8, 60
+    rate = 0.7 * replicas * capacity(ASSUMED, max_batch, prompt_tokens, output_mean=32)
+    requests = workload(4000, num_adapters=400, rate=rate, output_mean=32, seed=3)
+    outcomes = {
+        name: simulate(policy, requests, replicas, max_batch, slots, prompt_tokens, ASSUMED, seed=1)
+        for name, policy in policies(max_batch).items()
+    }
+    distinct = len({r.adapter for r in requests})
+    for outcome in outcomes.values():
+        assert outcome.loads_per_1000 >= 1000 * distinct / len(requests), "each adapter is loaded at least once"
+        assert outcome.queue_p99 <= outcome.wait_p99 and outcome.imbalance >= 1
+    assert outcomes["affinity + p2c"].loads_per_1000 < 0.75 * outcomes["random"].loads_per_1000

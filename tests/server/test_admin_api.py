@@ -8,6 +8,8 @@ import shutil
 import tarfile
 import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -118,14 +120,25 @@ def test_persona_system_prompt_applies_only_without_a_system_message(server):
     httpx.delete(f"{server.url}/admin/adapters/captain", headers=ADMIN)
 
 
-def test_a_stream_running_for_a_deleted_adapter_finishes_and_new_requests_get_404(server):
-    assert upload(server, "doomed", peft_files(SAMPLES / "robot")).status_code == 201
-    body = {"model": "doomed", "prompt": "Count to a hundred:", "max_tokens": 48, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+def counting(model: str, stream: bool = True) -> dict[str, object]:
+    """A completion body that runs 48 tokens whatever the adapter says."""
+    return {"model": model, "prompt": "Count to a hundred:", "max_tokens": 48, "ignore_eos": True, "stream": stream}
+
+
+@contextmanager
+def streaming(server, adapter: str, sample: str) -> Iterator[Iterator[str]]:
+    """Upload `sample` as `adapter` and stream a counting completion for it; yields its lines past the first."""
+    assert upload(server, adapter, peft_files(SAMPLES / sample)).status_code == 201
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=counting(adapter)) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: ")
+        yield lines
+
+
+def test_a_stream_running_for_a_deleted_adapter_finishes_and_new_requests_get_404(server):
+    with streaming(server, "doomed", "robot") as lines:
         assert httpx.delete(f"{server.url}/admin/adapters/doomed", headers=ADMIN).status_code == 200
-        after = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False})
+        after = httpx.post(f"{server.url}/v1/completions", json=counting("doomed", stream=False))
         assert after.status_code == 404
         chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
@@ -300,11 +313,7 @@ def scrape(server) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 def test_metrics_carry_the_gauges_kubernetes_inference_routers_read_in_vllms_names(server):
-    assert upload(server, "routed", peft_files(SAMPLES / "pirate")).status_code == 201
-    body = {"model": "routed", "prompt": "Count to a hundred:", "max_tokens": 48, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
-        lines = response.iter_lines()
-        assert next(lines).startswith("data: ")
+    with streaming(server, "routed", "pirate") as lines:
         during = scrape(server)
         assert [line for line in lines if line == "data: [DONE]"]
     wait_until_idle(server.engine)

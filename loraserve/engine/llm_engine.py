@@ -276,10 +276,12 @@ class LLMEngine:
         return self.scheduler.postprocess(ran.batch, ran.output)
 
     def _forget_retired_adapters(self) -> None:
-        in_use = {request.adapter for request in self._requests.values()}
-        for record in self.adapters.records():
-            if record.draining and record.name not in in_use:
-                self.adapters.unregister(record.name)
+        draining = self.adapters.draining()
+        if draining:
+            in_use = {request.adapter for request in self._requests.values()}
+            for name in draining:
+                if name not in in_use:
+                    self.adapters.unregister(name)
 
     def request_output(self, request: Request) -> RequestOutput:
         seqs = sorted(request.seqs, key=lambda s: s.index)

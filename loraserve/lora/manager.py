@@ -67,6 +67,10 @@ class AdapterManager:
         self._lock = threading.Lock()
         self._loaded = threading.Condition(self._lock)  # notified whenever a load ends
         self._records: dict[str, AdapterRecord] = {}
+        # Indexes over the records, kept by _move, drain and unregister: eviction, draining and the
+        # engine's clean-up look at these few, never at every one of thousands registered.
+        self._resident: dict[str, AdapterRecord] = {}  # ON_DEVICE
+        self._draining: set[str] = set()
         self._clock = itertools.count()
         self._jobs: queue.SimpleQueue[AdapterRecord | None] = queue.SimpleQueue()
         self._pending = 0  # queued or running jobs
@@ -103,6 +107,7 @@ class AdapterManager:
             if record is None or record.draining:
                 raise UnknownAdapterError(name)
             record.draining = True
+            self._draining.add(name)
 
     def unregister(self, name: str) -> None:
         """Forget the adapter and free its slot; the caller made sure nothing runs with it."""
@@ -112,10 +117,11 @@ class AdapterManager:
                 raise UnknownAdapterError(name)
             assert not record.running, f"adapter {name!r} still has running sequences"
             self.host.drop(name)
+            self._draining.discard(name)
             if record.state is S.ON_DEVICE:
                 self._free_slot(record)
             # A reserved slot stays with its in-flight load, which sees the record deleted and frees it.
-            record.move(S.DELETED)
+            self._move(record, S.DELETED)
 
     def __contains__(self, name: str) -> bool:
         return name in self._records
@@ -127,6 +133,11 @@ class AdapterManager:
         """Every registered adapter's record, in registration order."""
         with self._lock:
             return list(self._records.values())
+
+    def draining(self) -> list[str]:
+        """The adapters removed while requests still used them."""
+        with self._lock:
+            return list(self._draining)
 
     def residency(self, name: str) -> str:
         """Where the weights are: "device" (a slot), "host" (CPU memory) or "disk"."""
@@ -140,7 +151,7 @@ class AdapterManager:
         with self._lock:
             record = self._records.get(name)
             if record is not None and record.state is S.REGISTERED:
-                record.move(S.READING)
+                self._move(record, S.READING)
                 self._enqueue(record)
 
     def acquire(self, name: str) -> Residency:
@@ -176,7 +187,7 @@ class AdapterManager:
     def drain_candidate(self) -> str | None:
         """The unpinned resident adapter that frees its slot soonest: fewest running sequences, then LRU."""
         with self._lock:
-            candidates = [r for r in self._records.values() if r.state is S.ON_DEVICE and not r.pinned]
+            candidates = [r for r in self._resident.values() if not r.pinned]
             if not candidates:
                 return None
             return min(candidates, key=lambda r: (r.running, r.last_used)).name
@@ -236,7 +247,7 @@ class AdapterManager:
         """Reserve room and queue the copy; or, size unknown, queue the read that reserves after it."""
         queued = record.state is S.READING  # a prefetch's read is on its way: it loads on
         if record.pages_needed is None:
-            record.move(S.LOADING)
+            self._move(record, S.LOADING)
         elif not self._reserve(record):
             return Residency.NO_SLOT
         if not queued:
@@ -258,7 +269,7 @@ class AdapterManager:
             return False
         record.slot = slot
         if record.state is not S.LOADING:
-            record.move(S.LOADING)
+            self._move(record, S.LOADING)
         return True
 
     def reclaim_pages(self, count: int) -> None:
@@ -279,12 +290,12 @@ class AdapterManager:
 
     def _idle(self) -> list[AdapterRecord]:
         """Resident adapters no sequence runs with and nobody pinned, least recently used first."""
-        idle = [r for r in self._records.values() if r.state is S.ON_DEVICE and not r.running and not r.pinned]
+        idle = [r for r in self._resident.values() if not r.running and not r.pinned]
         return sorted(idle, key=lambda r: r.last_used)
 
     def _evict(self, record: AdapterRecord) -> None:
         self._free_slot(record)
-        record.move(S.ON_HOST if record.name in self.host else S.REGISTERED)
+        self._move(record, S.ON_HOST if record.name in self.host else S.REGISTERED)
         self.stats.evictions += 1
 
     def _free_slot(self, record: AdapterRecord) -> None:
@@ -296,14 +307,21 @@ class AdapterManager:
         for dropped in self.host.put(record.name, adapter):
             other = self._records.get(dropped)
             if other is not None and other.state is S.ON_HOST:
-                other.move(S.REGISTERED)
+                self._move(other, S.REGISTERED)
         record.rank, record.num_bytes = adapter.rank, adapter.num_bytes
         record.pages_needed = self.slots.pages_needed(adapter)
+
+    def _move(self, record: AdapterRecord, to: AdapterState) -> None:
+        record.move(to)
+        if to is S.ON_DEVICE:
+            self._resident[record.name] = record
+        else:
+            self._resident.pop(record.name, None)
 
     def _fail(self, record: AdapterRecord, reason: str) -> None:
         if record.state in (S.READING, S.LOADING):
             record.failure = reason
-            record.move(S.FAILED)
+            self._move(record, S.FAILED)
 
     def _enqueue(self, record: AdapterRecord) -> None:
         self._pending += 1
@@ -345,14 +363,14 @@ class AdapterManager:
                     self._remember(record, adapter)
         with self._lock:
             if record.state is S.READING:
-                record.move(S.ON_HOST)  # a prefetch: the host cache is warm
+                self._move(record, S.ON_HOST)  # a prefetch: the host cache is warm
                 return
             if record.state is not S.LOADING:
                 return
             # Only free room: who gets an evicted adapter's place is the scheduler's call,
             # made in queue order by its next acquire (which may answer NO_SLOT).
             if not record.reserved and not self._reserve(record, evict=False):
-                record.move(S.ON_HOST)
+                self._move(record, S.ON_HOST)
                 return
         self.slots.write(record.slot, adapter)  # outside the lock: no step reads a reserved slot
         seconds = time.perf_counter() - started
@@ -361,7 +379,7 @@ class AdapterManager:
                 return
             self.slots.activate(record.slot)
             record.content_hash = adapter.sha256
-            record.move(S.ON_DEVICE)
+            self._move(record, S.ON_DEVICE)
             self.stats.loads += 1
             self.stats.load_seconds_total += seconds
             self.stats.load_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1

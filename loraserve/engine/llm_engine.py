@@ -189,13 +189,14 @@ class LLMEngine:
         ]
         pool = self.model_runner.pool
         kv_pages, adapter_pages = pool.pages.num_used(PageUse.KV), pool.pages.num_used(PageUse.ADAPTER)
+        kv_capacity = pool.num_pages - adapter_pages  # idle adapters would still be evicted for KV
         return EngineStats(
             pool_pages=pool.num_pages,
             page_bytes=pool.page_bytes,
             kv_pages=kv_pages,
             adapter_pages=adapter_pages,
             free_pages=pool.num_pages - kv_pages - adapter_pages,
-            kv_capacity_pages=pool.num_pages - adapter_pages,
+            kv_capacity_pages=kv_capacity,
             block_size=self.block_manager.block_size,
             adapter_slots_total=self.model_runner.adapter_slots.num_slots,
             adapter_slots_used=len(device),
@@ -216,7 +217,7 @@ class LLMEngine:
             waiting_requests=len({seq.request for seq in self.scheduler.waiting}),
             running_adapters=_adapters_of(self.scheduler.running),
             waiting_adapters=_adapters_of(self.scheduler.waiting),
-            kv_cache_usage=kv_pages / max(1, pool.num_pages - adapter_pages),
+            kv_cache_usage=kv_pages / max(1, kv_capacity),
             preemptions=self.scheduler.num_preemptions,
             prefix_cache_blocks=self.block_manager.num_cached_blocks,
             prefix_cache_queried_tokens=self.scheduler.prefix_cache_queried_tokens,

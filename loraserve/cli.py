@@ -9,16 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
-from loraserve.config import (
-    CacheConfig,
-    EngineConfig,
-    LoraConfig,
-    ModelConfig,
-    SchedulerConfig,
-    ServerConfig,
-    default_data_dir,
-    flag_of,
-)
+from loraserve.config import ENGINE_PARTS, EngineConfig, ServerConfig, default_data_dir, flag_of
 from loraserve.errors import LoraserveError
 
 env = os.environ.get
@@ -35,23 +26,17 @@ def _add_setting_flags(parser: argparse.ArgumentParser, config: type, names: tup
             continue
         kind = next(t for t in (*get_args(hints[definition.name]), hints[definition.name]) if t is not type(None))
         default = env(meta["env"], definition.default) if meta["env"] else definition.default
-        if kind is bool:
-            parser.add_argument(
-                flag_of(definition.name), action=argparse.BooleanOptionalAction, default=default, help=meta["help"]
-            )
-        else:
-            parser.add_argument(
-                flag_of(definition.name), type=kind, default=default, choices=meta["choices"], help=meta["help"]
-            )
+        how = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind, "choices": meta["choices"]}
+        parser.add_argument(flag_of(definition.name), default=default, help=meta["help"], **how)
 
 
-def _settings(args: argparse.Namespace, config: type, **more: Any) -> Any:
-    """`config` built from the flags of its settings (and `more`)."""
-    return config(**{f.name: getattr(args, f.name) for f in fields(config) if "help" in f.metadata}, **more)
+def _settings(args: argparse.Namespace, config: type) -> dict[str, Any]:
+    """The values of the flags of `config`'s settings."""
+    return {f.name: getattr(args, f.name) for f in fields(config) if "help" in f.metadata}
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    for config in (ModelConfig, CacheConfig, SchedulerConfig, LoraConfig):
+    for config in ENGINE_PARTS.values():
         _add_setting_flags(parser, config)
     parser.add_argument(
         "--slo", choices=sorted(SLO_PRESETS), default=None,
@@ -60,20 +45,13 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
-    ttft, tpot = SLO_PRESETS[args.slo] if args.slo else (None, None)
-    preset = {"ttft_slo": ttft if args.ttft_slo is None else args.ttft_slo}
-    preset["tpot_slo"] = tpot if args.tpot_slo is None else args.tpot_slo
-    return EngineConfig(
-        model=_settings(args, ModelConfig),
-        cache=_settings(args, CacheConfig),
-        scheduler=SchedulerConfig(**{**vars(_settings(args, SchedulerConfig)), **preset}),
-        lora=_settings(args, LoraConfig),
-    )
+    settings = {name: value for config in ENGINE_PARTS.values() for name, value in _settings(args, config).items()}
+    for name, preset in zip(("ttft_slo", "tpot_slo"), SLO_PRESETS.get(args.slo, (None, None)), strict=True):
+        settings[name] = preset if settings[name] is None else settings[name]
+    return EngineConfig.of(**settings)
 
 
-def _add_server_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=env("LORASERVE_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(env("LORASERVE_PORT", "8000")))
+def _add_registry_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir", type=Path, default=Path(env("LORASERVE_DATA_DIR") or default_data_dir()),
         help="registry database and adapter files (env LORASERVE_DATA_DIR; default ~/.local/share/loraserve)",
@@ -82,6 +60,12 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         "--db", default=env("LORASERVE_DB_URL"),
         help="registry database URL, e.g. postgresql://user@host/db (env LORASERVE_DB_URL; default: SQLite)",
     )  # fmt: skip
+
+
+def _add_server_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=env("LORASERVE_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(env("LORASERVE_PORT", "8000")))
+    _add_registry_flags(parser)
     parser.add_argument(
         "--admin-token", default=env("LORASERVE_ADMIN_TOKEN"),
         help="bearer token of the admin API (env LORASERVE_ADMIN_TOKEN; default: a new one, printed at start)",
@@ -106,8 +90,8 @@ def _serve(args: argparse.Namespace) -> None:
     from loraserve.server.app import create_app
     from loraserve.server.process import run_server
 
-    config = _settings(
-        args, ServerConfig, data_dir=args.data_dir, db_url=args.db, admin_token=args.admin_token,
+    config = ServerConfig(
+        **_settings(args, ServerConfig), data_dir=args.data_dir, db_url=args.db, admin_token=args.admin_token,
         api_keys=frozenset(args.api_key), register_samples=not args.no_samples,
     )  # fmt: skip
     # The engine thread will be the only one computing in parallel: the model loads with every
@@ -229,8 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         "missing or changed (marked failed); --repair removes the orphans",
     )  # fmt: skip
     check.add_argument("--repair", action="store_true", help="remove the orphan files")
-    check.add_argument("--data-dir", type=Path, default=Path(env("LORASERVE_DATA_DIR") or default_data_dir()))
-    check.add_argument("--db", default=env("LORASERVE_DB_URL"), help="registry database URL (default: SQLite)")
+    _add_registry_flags(check)
     _add_setting_flags(check, ServerConfig, names=("orphan_grace",))
     check.set_defaults(run=_registry_check, orphan_grace=0.0)
 

@@ -169,6 +169,21 @@ class EngineConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     seed: int = 0  # seeds the sampler of requests that carry no seed of their own
 
+    @classmethod
+    def of(cls, seed: int = 0, **settings: Any) -> EngineConfig:
+        """From settings named as its parts' fields (`EngineConfig.of(max_loras=4)`); TypeError for any other."""
+        parts = {}
+        for name, part in ENGINE_PARTS.items():
+            own = {f.name for f in fields(part)} & settings.keys()
+            parts[name] = part(**{key: settings.pop(key) for key in own})
+        if settings:
+            raise TypeError(f"no engine setting is named {', '.join(sorted(settings))}")
+        return cls(seed=seed, **parts)
+
+
+# EngineConfig's parts by field name: the settings `EngineConfig.of` and the CLI's flags spread over.
+ENGINE_PARTS: dict[str, Any] = {f.name: f.default_factory for f in fields(EngineConfig) if f.name != "seed"}
+
 
 def default_data_dir() -> Path:
     """Where the registry and adapter files live: $XDG_DATA_HOME/loraserve (~/.local/share/loraserve)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig, default_cache_dir
+from loraserve.config import EngineConfig
 from loraserve.engine import LLMEngine, RequestOutput, SamplingParams
 from loraserve.engine.chat import Conversation, chat_prompt_ids
 from loraserve.errors import InvalidRequestError
@@ -21,43 +21,10 @@ Prompt = str | list[int]  # text, or token ids
 class LLM:
     """The engine with a blocking, whole-batch interface."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        dtype: str = ModelConfig.dtype,
-        device: str = ModelConfig.device,
-        max_num_seqs: int = SchedulerConfig.max_num_seqs,
-        max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
-        max_model_len: int | None = None,
-        pool_memory: int = CacheConfig.pool_memory,
-        num_pages: int | None = None,
-        block_size: int = CacheConfig.block_size,
-        prefix_caching: bool = CacheConfig.prefix_caching,
-        max_loras: int = LoraConfig.max_loras,
-        max_lora_rank: int = LoraConfig.max_lora_rank,
-        seed: int = EngineConfig.seed,
-        cache_dir: str | Path | None = None,
-        enforce_eager: bool = False,
-    ) -> None:
-        config = EngineConfig(
-            model=ModelConfig(
-                model=model,
-                dtype=dtype,
-                device=device,
-                cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
-                enforce_eager=enforce_eager,
-            ),
-            cache=CacheConfig(
-                block_size=block_size, pool_memory=pool_memory, num_pages=num_pages, prefix_caching=prefix_caching
-            ),
-            scheduler=SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len
-            ),
-            lora=LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank),
-            seed=seed,
-        )
-        self.engine = LLMEngine(config)
+    def __init__(self, model: str | None = None, **settings: Any) -> None:
+        """`model`: an HF safetensors directory (default: the embedded model); `settings`: any field of
+        ModelConfig, CacheConfig, SchedulerConfig or LoraConfig (config.py), and `seed`."""
+        self.engine = LLMEngine(EngineConfig.of(model=model, **settings))
         self._request_ids = itertools.count()
 
     @classmethod

@@ -35,6 +35,7 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
+from loraserve.lora.adapter_state import AdapterRecord, AdapterState
 from loraserve.lora.residency import Residency
 
 logger = logging.getLogger(__name__)
@@ -52,15 +53,9 @@ class AdapterResidency(Protocol):
 
     def release(self, name: str) -> None: ...
 
-    def content_hash(self, name: str) -> str: ...  # of a resident adapter
-
-    def slot_of(self, name: str) -> int: ...  # of a resident adapter
-
-    def failure(self, name: str) -> str | None: ...
+    def record(self, name: str) -> AdapterRecord | None: ...  # its slot, content hash, failure
 
     def drain_candidate(self) -> str | None: ...  # the resident adapter to free a slot from
-
-    def residency(self, name: str) -> str: ...  # "device" when in a slot
 
 
 class Scheduler:
@@ -189,7 +184,7 @@ class Scheduler:
                 return 0
             residency = self.adapters.acquire(adapter)
             if residency is Residency.FAILED:
-                reason = self.adapters.failure(adapter) or "it could not be loaded"
+                reason = self._record(adapter).failure or "it could not be loaded"
                 self._failing[seq.request] = RequestError(ADAPTER_UNAVAILABLE, reason)
                 return 0
             if residency is Residency.NO_SLOT and self._draining is None:
@@ -198,8 +193,8 @@ class Scheduler:
                 return 0
         try:
             if adapter is not None:
-                seq.cache_salt = self.adapters.content_hash(adapter).encode()
-                seq.lora_slot = self.adapters.slot_of(adapter)
+                record = self._record(adapter)
+                seq.cache_salt, seq.lora_slot = record.content_hash.encode(), record.slot
             seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
@@ -255,7 +250,7 @@ class Scheduler:
             seq.request.tenant
             for seq in self.waiting
             if seq.request not in self._failing
-            and (seq.request.adapter is None or self.adapters.residency(seq.request.adapter) == "device")
+            and (seq.request.adapter is None or self._record(seq.request.adapter).state is AdapterState.ON_DEVICE)
         )
         tenants = running.keys() | startable.keys()
         total_weight = sum(tenant.weight for tenant in tenants)
@@ -274,6 +269,11 @@ class Scheduler:
                 self.num_fair_share_preemptions += 1
                 running[over] -= 1
                 running[tenant] += 1  # the slot is its to take in this step's admission
+
+    def _record(self, adapter: str) -> AdapterRecord:
+        record = self.adapters.record(adapter)
+        assert record is not None, f"adapter {adapter!r} of a queued request is not registered"
+        return record
 
     def _drop_expired(self) -> None:
         """Requests still waiting for their start past their deadline end (after the step) with TIMED_OUT."""

@@ -168,17 +168,10 @@ class AdapterManager:
                 return Residency.LOADING
             return self._start_load(record)
 
-    def slot_of(self, name: str) -> int:
-        return self._records[name].slot
-
     def pages_of(self, name: str) -> int:
         """Pool pages the adapter's rows take (reserved for them while loading); 0 without a slot."""
         slot = self._records[name].slot
         return 0 if slot == NO_ADAPTER else self.slots.pages_of(slot)
-
-    def content_hash(self, name: str) -> str:
-        """The sha256 of the resident adapter's files: what its prefix-cache blocks are keyed by."""
-        return self._records[name].content_hash
 
     def release(self, name: str) -> None:
         with self._lock:
@@ -191,10 +184,6 @@ class AdapterManager:
             if not candidates:
                 return None
             return min(candidates, key=lambda r: (r.running, r.last_used)).name
-
-    def failure(self, name: str) -> str | None:
-        record = self._records.get(name)
-        return record.failure if record is not None else None
 
     def pin(self, name: str) -> None:
         """Keep the adapter in a slot from now on: loaded now if a slot can be had, never evicted."""

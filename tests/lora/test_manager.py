@@ -33,7 +33,7 @@ def test_a_load_reads_from_disk_then_copies_into_a_slot():
     assert manager.wait_idle()
     assert manager.residency("a") == "device"
     assert manager.acquire("a") is Residency.READY
-    slot = manager.slot_of("a")
+    slot = manager.record("a").slot
     q = manager.slots.layers[1]["q_proj"]
     weights = tiny_adapter(1).weights[(1, "q_proj")]
     assert torch.equal(gather_rows(q.pool, q.a_rows[slot, :2], 8), weights.a), "A's rows, where the table says"
@@ -97,7 +97,7 @@ def test_an_unreadable_adapter_fails_with_its_reason_and_frees_its_slot():
     manager.acquire("broken")
     assert manager.wait_idle()
     assert manager.acquire("broken") is Residency.FAILED
-    assert "truncated" in manager.failure("broken")
+    assert "truncated" in manager.record("broken").failure
     assert manager.slots.num_free == 1
 
 
@@ -109,7 +109,7 @@ def test_a_changed_file_fails_the_hash_check():
     manager.acquire("a")
     assert manager.wait_idle()
     assert manager.acquire("a") is Residency.FAILED
-    assert "changed on disk" in manager.failure("a")
+    assert "changed on disk" in manager.record("a").failure
 
 
 def test_pinned_adapter_stays_and_one_slot_always_stays_unpinned():

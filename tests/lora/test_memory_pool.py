@@ -47,9 +47,9 @@ def test_rows_land_in_the_reserved_pages_and_unloading_returns_them():
     register_tiny(manager, "a", seed=3)
     load(manager, "a")
     slots, pool = manager.slots, manager.slots.pool
-    reserved = slots.pages_held(manager.slot_of("a"))
+    reserved = slots.pages_held(manager.record("a").slot)
     q = slots.layers[0]["q_proj"]
-    rows = q.a_rows[manager.slot_of("a"), :2]
+    rows = q.a_rows[manager.record("a").slot, :2]
     pages_of_rows = {pool.page_of(int(offset)) for offset in rows}
     assert pages_of_rows <= set(reserved), "the table points into the adapter's own pages"
     torch.testing.assert_close(gather_rows(q.pool, rows, 8), tiny_adapter(3).weights[(0, "q_proj")].a)

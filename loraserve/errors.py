@@ -7,13 +7,17 @@ class LoraserveError(Exception):
     """Base class of every error loraserve raises on purpose."""
 
 
-class InvalidRequestError(LoraserveError, ValueError):
-    """A request or parameter a user sent is not acceptable; `field` names it."""
+class FieldError(LoraserveError, ValueError):
+    """Something named is wrong: `field` names the request field, setting, config field or file at fault."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class InvalidRequestError(FieldError):
+    """A request or parameter a user sent is not acceptable (400 on the wire)."""
 
 
 class UnknownAdapterError(InvalidRequestError):
@@ -27,21 +31,12 @@ class ModelLoadError(LoraserveError):
     """The base model could not be found, converted or loaded."""
 
 
-class ConfigError(LoraserveError, ValueError):
-    """A setting is invalid; `flag` names the CLI flag (or argument) to change."""
-
-    def __init__(self, flag: str, message: str) -> None:
-        super().__init__(f"{flag}: {message}")
-        self.flag = flag
+class ConfigError(FieldError):
+    """A setting is invalid; `field` names the CLI flag (or argument) to change."""
 
 
-class AdapterError(LoraserveError, ValueError):
-    """A LoRA adapter cannot be served; `field` names the config field or file at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+class AdapterError(FieldError):
+    """A LoRA adapter cannot be served; `field` names the config field or file at fault (422)."""
 
 
 class AdapterExistsError(LoraserveError):

@@ -99,18 +99,16 @@ class TritonLora:
         group = batch.slots.projection_group(layer, projections)
         widths = [batch.slots.shapes[projection][1] for projection in projections]
         segments, longest = (batch.seg_indptr, batch.seg_slots), batch.max_segment_len
-        if column_block(widths) is not None:
-            partials = sgmv_shrink_group(x, group.pool, group.a_rows, group.ranks, *segments, longest)
-            tables = (group.pool, group.b_rows, group.ranks, group.scales)
-            sgmv_expand_group(partials, *tables, *segments, out, widths, longest)
-            return
+        launches = [(slice(None), widths)]  # the group at once, or (widths no launch can share) one by one
+        if column_block(widths) is None:
+            launches = [(slice(p, p + 1), [width]) for p, width in enumerate(widths)]
         column = 0
-        for p, width in enumerate(widths):  # widths no launch can share: a projection at a time
-            one = slice(p, p + 1)
-            partials = sgmv_shrink_group(x, group.pool, group.a_rows[one], group.ranks[one], *segments, longest)
-            tables = (group.pool, group.b_rows[one], group.ranks[one], group.scales[one])
-            sgmv_expand_group(partials, *tables, *segments, out[:, column : column + width], [width], longest)
-            column += width
+        for chosen, launch_widths in launches:
+            partials = sgmv_shrink_group(x, group.pool, group.a_rows[chosen], group.ranks[chosen], *segments, longest)
+            tables = (group.pool, group.b_rows[chosen], group.ranks[chosen], group.scales[chosen])
+            columns = slice(column, column + sum(launch_widths))
+            sgmv_expand_group(partials, *tables, *segments, out[:, columns], launch_widths, longest)
+            column = columns.stop
 
 
 def choose_backend(device: str, dtype: torch.dtype, kernel_dir: Path) -> LoraBackend:

@@ -80,31 +80,20 @@ class LLMEngine:
         return self.read_adapter(path, config)
 
     def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
-        """Read, validate and serve the PEFT adapter in `path` under `name`; nothing changes on error.
-
-        It takes a device slot at its first request.
-        """
-        self._check_new_name(name)
+        """Read, validate and serve the PEFT adapter in `path` under `name` (a slot at its first request);
+        nothing changes on error."""
         adapter = self.read_adapter(path)
-        self.adapters.register(name, AdapterSource(Path(path), adapter.sha256), adapter)
+        self.register_adapter(name, Path(path), adapter.sha256, adapter)
         return adapter
 
     def register_adapter(
-        self,
-        name: str,
-        path: Path,
-        sha256: str | None,
-        adapter: LoraAdapter | None = None,
-        served_as: object = None,
+        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
     ) -> None:
         """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`);
         `served_as` rides along in its record for the server."""
-        self._check_new_name(name)
-        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
-
-    def _check_new_name(self, name: str) -> None:
         if not name or "/" in name or name == self.loaded.name:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
+        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
 
     def remove_adapter(self, name: str) -> None:
         """Stop accepting requests for the adapter; the ones already queued or running finish with it."""
@@ -315,16 +304,13 @@ class LLMEngine:
     def _validate_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """What only the engine knows: the vocabulary, the context window, the KV pool's size, its limits."""
         limits = self.config.scheduler
-        if params.n > limits.max_n:
-            raise InvalidRequestError("n", f"must be at most {limits.max_n} (--max-n), got {params.n}")
-        if params.logprobs is not None and params.logprobs > limits.max_logprobs:
-            raise InvalidRequestError(
-                "logprobs", f"must be at most {limits.max_logprobs} (--max-logprobs), got {params.logprobs}"
-            )
-        if len(params.stop) > limits.max_stop:
-            raise InvalidRequestError(
-                "stop", f"at most {limits.max_stop} stop strings (--max-stop), got {len(params.stop)}"
-            )
+        for field, value, limit, unit in (
+            ("n", params.n, limits.max_n, ""),
+            ("logprobs", params.logprobs or 0, limits.max_logprobs, ""),
+            ("stop", len(params.stop), limits.max_stop, " stop strings"),
+        ):
+            if value > limit:
+                raise InvalidRequestError(field, f"must be at most {limit}{unit} (--max-{field}), got {value}")
         if not token_ids:
             raise InvalidRequestError("prompt", "is empty")
         if len(token_ids) >= self.max_model_len:

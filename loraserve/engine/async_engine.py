@@ -105,12 +105,12 @@ class AsyncLLMEngine:
         return self.engine.adapters.wait_resident(name)
 
     def set_pinned(self, name: str, pinned: bool) -> None:
-        (self.engine.adapters.pin if pinned else self.engine.adapters.unpin)(name)
+        self.engine.adapters.set_pinned(name, pinned)
 
     def residency(self, name: str) -> tuple[str, bool]:
         """Where the adapter's weights are ("device", "host" or "disk"), and whether they are pinned there."""
-        where = self.engine.adapters.residency(name)
-        return where, where == "device" and self.engine.adapters.is_pinned(name)
+        where, record = self.engine.adapters.residency(name), self.engine.adapters.record(name)
+        return where, where == "device" and record is not None and record.pinned
 
     def shutdown(self) -> None:
         self._stopping = True

@@ -185,29 +185,20 @@ class AdapterManager:
                 return None
             return min(candidates, key=lambda r: (r.running, r.last_used)).name
 
-    def pin(self, name: str) -> None:
-        """Keep the adapter in a slot from now on: loaded now if a slot can be had, never evicted."""
+    def set_pinned(self, name: str, pinned: bool) -> None:
+        """Pinned: kept in a slot from now on, loaded now if a slot can be had, never evicted."""
         with self._lock:
             record = self._records.get(name)
             if record is None:
                 raise UnknownAdapterError(name)
             num_pinned = sum(r.pinned for r in self._records.values())
-            if not record.pinned and num_pinned + 1 >= self.slots.num_slots:
+            if pinned and not record.pinned and num_pinned + 1 >= self.slots.num_slots:
                 # One slot always stays unpinned, or no other adapter could ever run.
                 limit = self.slots.num_slots - 1
                 raise AdapterError("pin", f"at most {limit} of {self.slots.num_slots} slots may be pinned")
-            record.pinned = True
-            if record.state in (S.REGISTERED, S.READING, S.ON_HOST):
+            record.pinned = pinned
+            if pinned and record.state in (S.REGISTERED, S.READING, S.ON_HOST):
                 self._start_load(record)
-
-    def unpin(self, name: str) -> None:
-        with self._lock:
-            if name in self._records:
-                self._records[name].pinned = False
-
-    def is_pinned(self, name: str) -> bool:
-        record = self._records.get(name)
-        return record is not None and record.pinned
 
     def wait_for_load(self, timeout: float) -> None:
         """Block until some load ends (or `timeout`): a step with nothing to run waits here."""

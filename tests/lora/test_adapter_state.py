@@ -98,7 +98,7 @@ def prefetch_of_a_broken_file(manager: AdapterManager, disk: Disk) -> None:
     register_tiny(manager, "a", seed=0)
     manager.prefetch("a")
     assert manager.wait_idle() and state(manager, "a") is S.FAILED
-    assert "truncated" in (manager.failure("a") or "")
+    assert "truncated" in manager.record("a").failure
     assert manager.acquire("a") is Residency.FAILED
 
 
@@ -107,7 +107,7 @@ def load_of_a_changed_file(manager: AdapterManager, disk: Disk) -> None:
     manager.register("a", AdapterSource(Path("tiny/0"), sha256="f" * 64))
     manager.acquire("a")
     assert manager.wait_idle() and state(manager, "a") is S.FAILED
-    assert "changed on disk" in (manager.failure("a") or "")
+    assert "changed on disk" in manager.record("a").failure
     assert manager.slots.num_free == 2, "its reserved slot went back"
 
 

@@ -116,11 +116,11 @@ def test_pinned_adapter_stays_and_one_slot_always_stays_unpinned():
     manager = tiny_adapter_manager(num_slots=2)
     for seed, name in enumerate("abc"):
         register_tiny(manager, name, seed)
-    manager.pin("a")
+    manager.set_pinned("a", True)
     assert manager.wait_idle()
     assert manager.residency("a") == "device", "pinning loads at once"
     with pytest.raises(AdapterError, match="pinned"):
-        manager.pin("b")
+        manager.set_pinned("b", True)
     assert acquire_when_loaded(manager, "b") is Residency.READY
     manager.release("b")
     assert acquire_when_loaded(manager, "c") is Residency.READY

@@ -74,7 +74,7 @@ def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
     manager.register("all", AdapterSource(Path("tiny") / "0", None), adapter)
     load(manager, "all")
     slots, pool = manager.slots, manager.slots.pool
-    slot = manager.slot_of("all")
+    slot = manager.record("all").slot
     pages = slots.pages_held(slot)
     page_elems = pool.slabs_per_page * pool.slab_elems
 

@@ -197,29 +197,17 @@ class AdapterSlots:
             ranks[layer, PROJECTIONS.index(projection)] = weights.rank
             scales[layer, PROJECTIONS.index(projection)] = weights.scale
         slab_index = torch.tensor(slab_ids, dtype=torch.long)
-        if self._copy_stream is None:
-            self._copy(slot, slab_index, staging, tables, ranks, scales)
-            return
-        # CUDA: from pinned memory on a side stream, so the step loop's stream never waits on it.
-        with torch.cuda.stream(self._copy_stream):
-            self._copy(slot, slab_index, staging.pin_memory(), tables, ranks, scales)
-        self._copy_stream.synchronize()
-
-    def _copy(
-        self,
-        slot: int,
-        slab_index: torch.Tensor,
-        staging: torch.Tensor,
-        tables: tuple[torch.Tensor, torch.Tensor],
-        ranks: torch.Tensor,
-        scales: torch.Tensor,
-    ) -> None:
-        self.pool.write_slabs(slab_index, staging)
         device = self.a_rows.device
-        self.a_rows[:, :, slot] = tables[0].to(device, non_blocking=True)
-        self.b_rows[:, :, slot] = tables[1].to(device, non_blocking=True)
-        self.ranks[:, :, slot] = ranks.to(device, non_blocking=True)
-        self.scales[:, :, slot] = scales.to(device, non_blocking=True)
+        # CUDA: from pinned memory on a side stream, so the step loop's stream never waits on it
+        # (on the CPU the stream is None: no stream, no pinning).
+        with torch.cuda.stream(self._copy_stream):
+            self.pool.write_slabs(slab_index, staging if self._copy_stream is None else staging.pin_memory())
+            self.a_rows[:, :, slot] = tables[0].to(device, non_blocking=True)
+            self.b_rows[:, :, slot] = tables[1].to(device, non_blocking=True)
+            self.ranks[:, :, slot] = ranks.to(device, non_blocking=True)
+            self.scales[:, :, slot] = scales.to(device, non_blocking=True)
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
 
     def activate(self, slot: int) -> None:
         """The reserved slot's weights are written: the kernels may use it from the next step."""

@@ -1,20 +1,16 @@
 """SLO-aware admission: a running batch small enough for the TPOT target, and no request let in that
-cannot get its first token within the TTFT target.
+cannot get its first token within the TTFT target (past capacity, admitting everything makes every
+token slow and every first token late). Without targets nothing changes. Plain Python.
 
-Past capacity, admitting everything makes every token slow and every first token late.
-With targets set, the scheduler runs at most `running_cap` sequences: the most whose decode
-step the learnt costs (step_costs.py) put within TPOT_HEADROOM of the TPOT target, leaving
-room for the prompt chunks computed in the same steps. A new request's first-token delay is
-predicted from what is ahead of it: the waiting requests that would start before it (their
-prompts to compute; fair share puts only some of other tenants' queues ahead,
-`admitted_before`), and, when the batch is full, the running sequences that must finish to
-make room (their expected remaining tokens, at the current step time). A request predicted
-past TTFT_HEADROOM of the target is refused at once (OverloadedError: 503 with Retry-After),
-before any token is computed, so admitted streams keep their SLO and the client can go
-elsewhere. Predictions err (a cold start, a burst of long prompts): every step the waiting
-requests are predicted again, and one whose first token would now come past the target is
-refused then (`late_requests`), still before any token, rather than served out of its SLO.
-Without targets nothing changes. Plain Python.
+The scheduler runs at most `running_cap` sequences: the most whose decode step the learnt costs
+(step_costs.py) put within TPOT_HEADROOM of the TPOT target, leaving room for prompt chunks. A new
+request's first-token delay is predicted from what is ahead of it: the waiting requests that start
+before it (their prompts; fair share puts only some of other tenants' queues ahead, `admitted_before`)
+and, with the batch full, the running sequences that must finish to make room. One predicted past
+TTFT_HEADROOM of the target is refused at once (OverloadedError: 503, Retry-After), before any token,
+so admitted streams keep their SLO and the client can go elsewhere. Predictions err (a cold start, a
+burst of long prompts): every step the waiting requests are predicted again, and one now past the
+target is refused then (`late_requests`), still before any token.
 """
 
 from __future__ import annotations

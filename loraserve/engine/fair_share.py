@@ -1,15 +1,12 @@
 """Fair share of the engine between tenants: S-LoRA's Virtual Token Counter (VTC), weighted.
 
-Each tenant's counter adds up the service it got, divided by its weight: a prompt token
-counts 1, a generated token 2 (VTC's costs; a decode step costs more per token than a
-prompt chunk). The scheduler admits next the waiting request whose tenant has the lowest
-counter (within a priority), so a tenant sending 10x its share waits behind its own
-requests while the others are served as if it were not there. A tenant that comes back
-after having nothing queued or running starts at the lowest counter of those active: no
-one banks service it did not ask for. With one tenant this is first come, first served.
-
-Example, weights A 2 and B 1, both always waiting: after A's 100-token prompt its counter
-is 50, after B's it is 100; A is admitted again first, so A gets about twice B's tokens.
+Each tenant's counter adds up the service it got over its weight: a prompt token counts 1, a
+generated token 2 (VTC's costs). The scheduler admits next the waiting request whose tenant has the
+lowest counter (within a priority): a tenant sending 10x its share waits behind its own requests. A
+tenant coming back after having nothing queued or running starts at the lowest counter of those
+active (no one banks service it did not ask for). With one tenant: first come, first served.
+Example, weights A 2 and B 1, both always waiting: after A's 100-token prompt its counter is 50,
+after B's B's is 100; A is admitted again first, so A gets about twice B's tokens.
 """
 
 from __future__ import annotations

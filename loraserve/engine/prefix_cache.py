@@ -1,13 +1,11 @@
 """Automatic prefix caching: a full KV block is found again by the prefix it completes.
 
-A block's key is a SHA-256 over the previous block's key and this block's tokens; the
-first block's also covers the salt, the adapter's content hash (DESIGN.md: an adapter on
-k_proj / v_proj changes the cached K and V, and a name can be re-uploaded with other
-weights). So equal keys mean equal tokens from position 0 under equal weights, and
-a cryptographic hash means no user can craft a collision with another user's prefix.
-
-Only the maps live here; the block manager decides when a block is published (once its
-tokens are computed) and the page allocator tells it when a page gets new contents.
+A block's key is a SHA-256 over the previous block's key and this block's tokens; the first block's
+also covers the salt, the adapter's content hash (an adapter on k_proj / v_proj changes the cached K
+and V, and a name can be re-uploaded with other weights). Equal keys mean equal tokens from position
+0 under equal weights, and no user can craft a collision with another user's prefix. Only the maps
+live here: the block manager publishes blocks once computed; the page allocator says when a page
+gets new contents.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Iteration-level continuous batching (Orca) with chunked prefill and preemption by recompute.
-
-Every step: running sequences first (decodes before unfinished prompt chunks), then
-waiting ones while the token budget, the sequence limit and the free KV blocks allow.
-A prompt longer than the remaining budget is computed in chunks over several steps.
-When a running sequence cannot get a block, the most recently admitted ones are
-preempted: their blocks are freed and they are recomputed later from their tokens.
-A sequence admitted starts on its longest cached prefix (block_manager.py): those
-tokens are not computed again and take nothing from the budget.
-A waiting sequence whose adapter is still loading is passed over; the ones behind it
-may start. When it waits because every adapter slot is busy, one resident adapter is
-drained: no new sequence of it is admitted until its running ones end (within their
-max_tokens); then its slot is idle and goes to the waiting adapter, so a
-hot adapter cannot keep a cold one waiting forever, while the other slots keep working.
-
 Plain Python, no torch: tested without a model.
+
+Every step: running sequences first (decodes before prompt chunks), then waiting ones while the token
+budget, the sequence limit and the free KV blocks allow; a prompt longer than the budget left is
+computed in chunks over several steps. When a running sequence cannot get a block, the most recently
+admitted ones are preempted (blocks freed, recomputed later). An admitted sequence starts on its
+longest cached prefix (block_manager.py), which takes nothing from the budget. A waiting sequence
+whose adapter is loading is passed over. When it waits because every adapter slot is busy, one
+resident adapter is drained: none of its new sequences is admitted until its running ones end, then
+its idle slot goes to the waiting adapter; a hot adapter cannot starve a cold one.
 """
 
 from __future__ import annotations

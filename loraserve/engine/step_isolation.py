@@ -1,14 +1,11 @@
 """Running a step so that one row's failure ends only that row's request.
 
-A step that raises is retried in halves, each half again on failure, until the rows that
-fail alone are found (log2(rows) extra forward passes, paid only when a step fails).
-Retrying is safe: a row writes K/V only at its own new positions, which the retry writes
-again, and nothing is published to the prefix cache or sampled into a sequence until the
-step's output is taken. Block copies ran before the first try and are not repeated: a
-retried copy would overwrite a token a half that already succeeded wrote.
-
-Example: rows [a, b, c, d], c raises. [a, b, c, d] fails -> [a, b] runs, [c, d] fails ->
-[c] fails alone, [d] runs. Result: batch [a, b, d], their outputs in that order, c failed.
+A step that raises is retried in halves, recursively, until the rows that fail alone are found
+(log2(rows) extra forward passes, paid only when a step fails). Safe: a row writes K/V only at its
+own new positions, which the retry writes again, and nothing is published or sampled until the
+step's output is taken. Block copies are not repeated: one would overwrite what a half that already
+succeeded wrote. Example: rows [a, b, c, d], c raises: [a, b] runs, [c, d] fails -> [c] fails
+alone, [d] runs. Result: batch [a, b, d], their outputs in that order, c failed.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Adapters in three tiers: the registry's files on disk, a host cache in CPU memory, the device pool.
 
-The scheduler calls `acquire` before it admits a sequence of an adapter. READY: the
-adapter is in a slot, its rows in pages of the memory pool. Otherwise a load starts and
-the sequence waits while the rest of the batch runs. A load needs a slot and as many
-pages as the adapter's rows fill (known once it was read); idle adapters (no running
-sequence, no pin) are evicted least recently used first to make room. Loads run on a
-worker thread, off the step loop: disk -> host (read, validated, hash checked) -> a copy
-into the reserved pages, which no step reads until the copy is done. `prefetch` starts
-the disk read when a request is queued. The KV side may evict idle adapters too
-(`reclaim_pages`): an idle adapter is a cache, a running sequence is not.
+The scheduler calls `acquire` before it admits a sequence of an adapter: READY, it is in a slot (its
+rows in pool pages); otherwise a load starts and the sequence waits while the batch runs. A load
+needs a slot and the pages its rows fill (known once read); idle adapters (no running sequence, no
+pin) are evicted least recently used first for room, by loads and by the KV side (`reclaim_pages`).
+Loads run on a worker thread: disk -> host (read, validated, hash checked) -> a copy into reserved
+pages no step reads until it is done. `prefetch` starts the disk read when a request is queued.
 Example with 2 slots: A and B run; C waits until the last sequence of A or B ends.
 """
 

@@ -1,22 +1,15 @@
-"""One device pool for KV blocks and adapter weights (S-LoRA unified paging).
+"""One device pool for KV blocks and adapter weights (S-LoRA unified paging); the PageAllocator says
+which page holds what, this file owns the tensor.
 
-The pool is one flat tensor. Its first part is the paged KV cache, viewed as
-`[num_pages, 2 (k, v), layers, block_size, Hkv, D]`; a page is one KV block, the same
-index in every layer's K and V. A page can instead hold adapter rows: its 2 x layers
-pieces of `block_size * Hkv * D` elements ("slabs") are filled with whole rows of A and
-B^T, so an adapter of rank r takes about r / 8 of the pages a rank-64 one takes. The
-kernels read those rows where they lie, through row tables (sgmv_kernels/layout.py).
-A zero tail after the pages is the row every table entry past a rank points at.
-
-Pages come first in the layout so that a page's slabs lie together: an adapter's rows,
-packed in the order the CPU kernel reads them, then stream from memory in runs of a whole
-page (360 KiB below), not of one 6 KiB slab; decode steps with many adapters read ~30%
-less slowly so. A layer's K (or V) is then a strided view, one block every page.
-
-Which page holds what is the PageAllocator's business; this file owns the tensor.
-Example, SmolLM2-135M in bfloat16 with 16-token blocks: a page is 30 x 2 x 16 x 3 x 64
-elements (360 KiB); a rank-16 adapter on all seven projections takes 27 pages, room for
-432 tokens of KV.
+One flat tensor: first the paged KV cache, `[num_pages, 2 (k, v), layers, block_size, Hkv, D]`, a page
+being one KV block (the same index in every layer's K and V). A page can instead hold adapter rows: its
+2 x layers "slabs" of `block_size * Hkv * D` elements are filled with whole rows of A and B^T, which the
+kernels read where they lie through row tables (sgmv_kernels/layout.py); every table entry past a rank
+points at a zero tail after the pages. Pages come first so that a page's slabs lie together: an
+adapter's rows, packed in the CPU kernel's reading order, stream in runs of a page, not of a slab
+(decode steps with many adapters ~30% faster); a layer's K (or V) is then a strided view.
+Example, SmolLM2-135M in bfloat16, 16-token blocks: a page is 30 x 2 x 16 x 3 x 64 elements (360 KiB);
+a rank-16 adapter on all seven projections takes 27 pages, room for 432 tokens of KV.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
-"""Dense copies of the running adapters' weights for the CPU's torch path, reused across steps.
+"""Dense copies of the running adapters' weights for the CPU's torch path (where no C++ compiler is
+found; the compiled kernel reads the pool directly), reused across steps.
 
-(The compiled kernel, sgmv_kernels/native.py, reads the pool directly and needs none of
-this; the torch path runs where no C++ compiler is found.)
-
-The pool keeps adapter rows wherever pages were free; the CPU path (sgmv_kernels.cpu.
-grouped_lora) wants the weights of the step's D distinct adapters as dense stacks, per
-group of projections that share an input (q/k/v, gate/up; o and down alone), so that a
-group costs one shrink whatever the number of adapters and one expand per projection.
-Gathering them costs as much as the LoRA math itself, but the set of running adapters
-rarely changes between decode steps, so the stacks are built lazily and kept until the
-set (or a slot's contents) changes.
-
-A group of n projections, largest rank R: A is [D, n*R, in] (the projections' rows one
-after the other), each projection's B^T is [D, R, width], scales are [D, n*R]. Fusing the
-expands too (one block-diagonal B) was measured slower: with 32 adapters its zeros
-outweigh the saved calls.
+sgmv_kernels.cpu.grouped_lora wants the step's D distinct adapters as dense stacks per group of
+projections that share an input (q/k/v, gate/up; o and down alone): one shrink per group whatever
+the number of adapters, one expand per projection. Gathering them from the pool costs as much as the
+LoRA math, but the running set rarely changes between decode steps, so the stacks are built lazily
+and kept until it (or a slot's contents) changes. A group of n projections, largest rank R: A is
+[D, n*R, in], each projection's B^T [D, R, width], scales [D, n*R]. One block-diagonal B for the
+expands was measured slower: with 32 adapters its zeros outweigh the saved calls.
 """
 
 from __future__ import annotations

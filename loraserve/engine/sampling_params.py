@@ -7,7 +7,7 @@ million stop strings): a bad value is an InvalidRequestError naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,18 +56,8 @@ class SamplingParams:
             _check_int(self.seed, "seed", INT64_MIN, INT64_MAX)
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
-        self.temperature = _check_float(self.temperature, "temperature", lambda t: t >= 0.0, "must be >= 0")
-        self.top_p = _check_float(self.top_p, "top_p", lambda p: 0.0 < p <= 1.0, "must be in (0, 1]")
-        for name in ("presence_penalty", "frequency_penalty"):
-            setattr(
-                self, name, _check_float(getattr(self, name), name, lambda x: -2.0 <= x <= 2.0, "must be in [-2, 2]")
-            )
-        self.repetition_penalty = _check_float(
-            self.repetition_penalty,
-            "repetition_penalty",
-            lambda r: 1e-4 <= r <= 1e4,
-            "must be in [1e-4, 1e4] (1 = none)",
-        )
+        for name, (low, high, message) in _FLOAT_RANGES.items():
+            setattr(self, name, _check_float(getattr(self, name), name, low, high, message))
         for flag in ("ignore_eos", "skip_special_tokens"):
             _check(isinstance(getattr(self, flag), bool), flag, "must be true or false")
         for stop in self.stop:
@@ -96,14 +86,24 @@ def _check_int(value: Any, field_name: str, low: int, high: int, message: str | 
     _check(low <= value <= high, field_name, f"{message or f'must be in [{low}, {high}]'}, got {value}")
 
 
-def _check_float(value: Any, field_name: str, in_range: Callable[[float], bool], message: str) -> float:
+# Each float field's bounds (inclusive) and what a value outside them is told.
+_FLOAT_RANGES = {
+    "temperature": (0.0, FLOAT32_MAX, "must be >= 0"),
+    "top_p": (math.ulp(0.0), 1.0, "must be in (0, 1]"),
+    "presence_penalty": (-2.0, 2.0, "must be in [-2, 2]"),
+    "frequency_penalty": (-2.0, 2.0, "must be in [-2, 2]"),
+    "repetition_penalty": (1e-4, 1e4, "must be in [1e-4, 1e4] (1 = none)"),
+}
+
+
+def _check_float(value: Any, field_name: str, low: float, high: float, message: str) -> float:
     """The value as a float (an int such as 10**19 would overflow the sampler's tensors)."""
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
     # The sampler computes in float32: larger values would become infinities there. NaN fails the
     # comparison; an int compares exactly, however large (math.isfinite would overflow on 10**400).
     is_finite = is_number and abs(value) <= FLOAT32_MAX
     _check(is_finite, field_name, f"must be a finite number, got {value!r}")
-    _check(in_range(value), field_name, f"{message}, got {value}")
+    _check(low <= value <= high, field_name, f"{message}, got {value}")
     return float(value)
 
 

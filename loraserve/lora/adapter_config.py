@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from loraserve.models.llama import LlamaSpec
 
 CONFIG_FILE = "adapter_config.json"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PATTERN_FIELDS = ("target_modules", "rank_pattern", "alpha_pattern")
 MAX_PATTERN_KEYS = 4096
 _BLOCK_OF = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
 
@@ -65,23 +64,15 @@ class AdapterConfig:
         return alpha / (math.sqrt(rank) if self.use_rslora else rank)
 
     def to_json(self) -> str:
-        modules = [[layer, projection, rank, alpha] for (layer, projection), (rank, alpha) in self.modules.items()]
-        return json.dumps({
-            "rank": self.rank, "alpha": self.alpha, "use_rslora": self.use_rslora,
-            "target_modules": sorted(self.target_modules), "base_model_name": self.base_model_name, "modules": modules,
-        })  # fmt: skip
+        modules = [[*module, *values] for module, values in self.modules.items()]
+        return json.dumps({**asdict(self), "target_modules": sorted(self.target_modules), "modules": modules})
 
     @classmethod
     def from_json(cls, text: str) -> AdapterConfig:
         data = json.loads(text)
-        return cls(
-            rank=data["rank"],
-            alpha=data["alpha"],
-            use_rslora=data["use_rslora"],
-            target_modules=frozenset(data["target_modules"]),
-            modules={(layer, projection): (rank, alpha) for layer, projection, rank, alpha in data["modules"]},
-            base_model_name=data["base_model_name"],
-        )
+        modules = {(layer, projection): (rank, alpha) for layer, projection, rank, alpha in data.pop("modules")}
+        targets = frozenset(data.pop("target_modules"))
+        return cls(**data, target_modules=targets, modules=modules)
 
 
 def module_name(layer: int, projection: str) -> str:

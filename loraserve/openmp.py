@@ -1,13 +1,11 @@
 """One OpenMP team per process: only the thread that runs the steps computes in parallel.
 
-libgomp gives every thread that runs a parallel region a team of worker threads of its
-own, kept until that thread exits. Once all teams together hold more threads than there
-are CPUs, libgomp stops spinning between regions, and every small op of the step thread
-then waits for a futex wake-up of its worker. Measured on 2 cores: a small op went from
-10 us to 144 us as soon as one other thread had run one parallel op; the LoRA decode step
-(seven small ops per projection) took 2-3x longer. So every other thread that may touch
-torch calls `keep_serial()` first, and work that wants all cores outside the step loop
-(loading the model for the server) runs in a thread that exits when done.
+libgomp gives every thread that runs a parallel region a team of worker threads of its own, kept until that thread
+exits. Once all teams together hold more threads than there are CPUs, libgomp stops spinning between regions, and
+every small op of the step thread then waits for a futex wake-up of its worker. Measured on 2 cores: a small op went
+from 10 us to 144 us as soon as one other thread had run one parallel op; the LoRA decode step (seven small ops per
+projection) took 2-3x longer. So every other thread that may touch torch calls `keep_serial()` first, and work that
+wants all cores outside the step loop (loading the model for the server) runs in a thread that exits when done.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import ctypes
 import functools
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import torch
@@ -45,18 +44,6 @@ def keep_serial() -> None:
 
 def in_passing_thread(work: Callable[[], T]) -> T:
     """Run `work` with every core in a thread that then exits, taking its OpenMP team with it."""
-    result: list[T] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(work())
-        except BaseException as error:  # re-raised in the caller's thread
-            errors.append(error)
-
-    thread = threading.Thread(target=run, name="loraserve-setup")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0]
+    # Leaving the block joins the thread; its result, or its error, comes back to the caller's thread.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="loraserve-setup") as executor:
+        return executor.submit(work).result()

@@ -1,6 +1,5 @@
-"""Files that ship inside the package, found through importlib.resources: an installed wheel
-migrates its registry, serves the admin page and registers the sample adapters, whatever the
-working directory."""
+"""Files that ship inside the package, found through importlib.resources: an installed wheel migrates its registry,
+serves the admin page and registers the sample adapters, whatever the working directory."""
 
 from __future__ import annotations
 

@@ -1,23 +1,20 @@
 """Decode steps replayed as CUDA graphs, so the GPU does not wait on Python's ~400 launches a step.
 
-A decode-only step of B rows runs the graph captured for the smallest bucket >= B (1, 2, 4,
-then multiples of 8 up to --max-num-seqs), its rows padded. Every tensor a step reads lives
-in static device buffers sized for the largest bucket and updated in place before each
-replay: token ids, positions, the KV slots written, block tables and context lengths, and
-the rows' adapter segments (rows come sorted by adapter; a run of one adapter is one
-segment, so the LoRA kernels read each adapter once). The adapters' own tables (row offsets, ranks, scales in
-lora/slots.py) are static device tensors too, written in place by a load, so adapters come
-and go without a new capture. Padding rows have context 0 (the attention kernel gives
-zeros), no adapter, and write their K and V to a scratch block no sequence owns.
+A decode-only step of B rows runs the graph captured for the smallest bucket >= B (1, 2, 4, then multiples of 8 up
+to --max-num-seqs), its rows padded. Every tensor a step reads lives in static device buffers sized for the largest
+bucket and updated in place before each replay: token ids, positions, the KV slots written, block tables, context
+lengths and the rows' adapter segments (rows come sorted by adapter, a run of one adapter is one segment, so the
+LoRA kernels read each adapter once). The adapters' own tables (row offsets, ranks, scales in lora/slots.py) are
+static too, written in place by a load, so adapters come and go without a new capture. Padding rows have context 0
+(the attention kernel gives zeros), no adapter, and write their K and V to a scratch block no sequence owns.
 
-Each bucket is captured twice, with LoRA (its grid has a program row per possible segment;
-unused segments are empty and slot -1, and their programs return at once) and
-without, so a base-model batch pays nothing for LoRA. Prefills, chunks and batches past the
-largest bucket or the static block tables run eagerly. `--enforce-eager` turns graphs off.
+Each bucket is captured with LoRA (a program row per possible segment; unused ones are empty, slot -1, and return
+at once) and without, so a base-model batch pays nothing for LoRA. Prefills, chunks and batches past the largest
+bucket or the static block tables run eagerly; `--enforce-eager` turns graphs off.
 
-Example: 5 decodes of slots [-1, 3, 3, 3, 7] -> bucket 8; rows 5-7 get token 0 at position
-0, context 0, and write to the scratch block; segments end at [1, 4, 5, 5, 5, 5, 5, 5] with
-slots [-1, 3, 7, -1, ...]; the graph's output rows 0-4 are the step's hidden states.
+Example: 5 decodes of slots [-1, 3, 3, 3, 7] -> bucket 8; rows 5-7 get token 0 at position 0, context 0, and write
+to the scratch block; segments end at [1, 4, 5, 5, 5, 5, 5, 5] with slots [-1, 3, 7, -1, ...]; the graph's output
+rows 0-4 are the step's hidden states.
 """
 
 from __future__ import annotations
@@ -42,7 +39,7 @@ def batch_buckets(max_rows: int) -> list[int]:
     buckets = [1, 2, 4]
     while buckets[-1] < max_rows:
         buckets.append(8 * (len(buckets) - 2))
-    return [b for b in buckets if b < max_rows] + [next(b for b in buckets if b >= max_rows)]
+    return buckets[: bisect_left(buckets, max_rows) + 1]
 
 
 @dataclass
@@ -75,13 +72,8 @@ class StaticDecodeInputs:
         self.segment_bounds = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
         self.segment_slots = torch.full((max_rows,), NO_ADAPTER, dtype=torch.int32, device=device)
         # Staged on the host in one pinned tensor, copied to the device in one transfer.
-        self._columns = 7 + max_blocks
-        self._host = torch.zeros(max_rows, self._columns, dtype=torch.long, pin_memory=device == "cuda")
-        self._device = torch.zeros(max_rows, self._columns, dtype=torch.long, device=device)
-
-    @property
-    def max_blocks(self) -> int:
-        return self.block_tables.shape[1]
+        self._host = torch.zeros(max_rows, 7 + max_blocks, dtype=torch.long, pin_memory=device == "cuda")
+        self._device = torch.zeros_like(self._host, device=device)
 
     def fill(self, rows: DecodeRows, bucket: int) -> None:
         """Write `rows` into the first rows of the buffers and padding up to `bucket`."""
@@ -101,10 +93,8 @@ class StaticDecodeInputs:
             host[row, 7 : 7 + len(table)] = torch.tensor(table, dtype=torch.long)
         staged = self._device[:bucket]
         staged.copy_(host, non_blocking=True)
-        for buffer, column in (
-            (self.input_ids, 0), (self.positions, 1), (self.slot_blocks, 2), (self.slot_offsets, 3),
-            (self.context_lens, 4),
-        ):  # fmt: skip
+        buffers = (self.input_ids, self.positions, self.slot_blocks, self.slot_offsets, self.context_lens)
+        for column, buffer in enumerate(buffers):
             buffer[:bucket].copy_(staged[:, column])
         self.segment_bounds[1 : bucket + 1].copy_(staged[:, 5])
         self.segment_slots[:bucket].copy_(staged[:, 6])
@@ -131,7 +121,6 @@ class DecodeGraphs:
         self.inputs = StaticDecodeInputs(self.buckets[-1], max_blocks, scratch_block, device)
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._memory_pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None  # shared
-        self.memory_bytes = 0
 
     def capture(self) -> None:
         """Capture every bucket, largest first (the smaller ones reuse its memory pool)."""
@@ -140,17 +129,18 @@ class DecodeGraphs:
             for with_lora in (True, False):
                 self._graphs[(bucket, with_lora)] = self._capture_one(bucket, with_lora)
         torch.cuda.synchronize()
-        self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
+        memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
         logger.info(
             "captured decode CUDA graphs for batch sizes %s (with and without LoRA): %.0f MiB of GPU memory",
-            self.buckets, self.memory_bytes / 2**20,
+            self.buckets, memory_bytes / 2**20,
         )  # fmt: skip
 
     def run(self, rows: DecodeRows) -> torch.Tensor | None:
         """The step's hidden states [len(rows), hidden] (valid until the next replay), or None when
         the step does not fit a captured graph."""
         index = bisect_left(self.buckets, len(rows))
-        if index == len(self.buckets) or any(len(table) > self.inputs.max_blocks for table in rows.block_tables):
+        max_blocks = self.inputs.block_tables.shape[1]
+        if index == len(self.buckets) or any(len(table) > max_blocks for table in rows.block_tables):
             return None
         bucket = self.buckets[index]
         with_lora = any(slot != NO_ADAPTER for slot in rows.lora_slots)

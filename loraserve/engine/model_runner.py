@@ -1,9 +1,8 @@
 """Runs one scheduled batch: builds the step's tensors once, runs the model, samples.
 
-Token layout of a step (T tokens): the decodes' single tokens first, then each prefill
-chunk's tokens in order. Example with block_size 4: a decode at position 9 of table
-[7, 2, 5] writes block 5 at offset 1; a chunk of positions 0..5 of table [3, 8] writes
-blocks 3, 3, 3, 3, 8, 8 at offsets 0, 1, 2, 3, 0, 1.
+Token layout of a step (T tokens): the decodes' single tokens first, then each prefill chunk's tokens in order.
+Example with block_size 4: a decode at position 9 of table [7, 2, 5] writes block 5 at offset 1; a chunk of
+positions 0..5 of table [3, 8] writes blocks 3, 3, 3, 3, 8, 8 at offsets 0, 1, 2, 3, 0, 1.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from loraserve.models.cpu_attention import load_decode_kernel
 from loraserve.models.cpu_layer_ops import load_layer_ops
 from loraserve.models.cuda_attention import paged_decode_attention
 from loraserve.models.cuda_layer_ops import CudaLayerOps
-from loraserve.models.llama import LayerOps
+from loraserve.models.layer_ops import LayerOps
 
 
 @dataclass
@@ -65,9 +64,7 @@ class ModelRunner:
         cache_dir: Path,
         graphs: GraphSettings | None = None,
     ) -> None:
-        self.model = loaded.model
-        self.device = loaded.device
-        self.dtype = loaded.dtype
+        self.model, self.device, self.dtype = loaded.model, loaded.device, loaded.dtype
         self.block_size = cache_config.block_size
         spec = self.model.spec
         num_pages = pool_pages(cache_config, spec, self.dtype, self.device)
@@ -109,14 +106,13 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         """Forward and sample the batch; its block copies must be done (`copy_blocks`)."""
-        replayed, order = None, batch.decodes
+        hidden, order = None, batch.decodes
         if self.decode_graphs is not None and not batch.prefills:
             # Rows of one adapter side by side: the LoRA kernels' programs that read its weights
             # then run together, and all but the first find them in L2.
             order = sorted(batch.decodes, key=lambda item: item.seq.lora_slot)
-            replayed = self.decode_graphs.run(self.decode_rows(order))
-        if replayed is not None:
-            hidden = replayed
+            hidden = self.decode_graphs.run(self.decode_rows(order))
+        if hidden is not None:
             row_of = {id(item): row for row, item in enumerate(order)}
             samplers = [row_of[id(item)] for item in batch.decodes for _ in item.samplers]
             logits_index = torch.tensor(samplers, dtype=torch.long, device=self.device)
@@ -125,11 +121,11 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_caches, inputs.lora)
             logits_index = inputs.logits_index
         self.faults.check(batch)
-        logits = self.model.compute_logits(hidden.index_select(0, logits_index))  # [S, vocab]
+        logits = self.model.lm_head(hidden.index_select(0, logits_index)).float()  # [S, vocab] float32
         return self.sampler(logits, batch.sampling_seqs)
 
     def decode_rows(self, decodes: list[ScheduledSequence]) -> DecodeRows:
-        """A decode-only batch row by row, for a CUDA graph's static buffers."""
+        """The decodes row by row: a CUDA graph's inputs, or the first rows of an eager step."""
         bs = self.block_size
         rows = DecodeRows([], [], [], [], [], [], [])
         for item in decodes:
@@ -149,19 +145,11 @@ class ModelRunner:
         return isinstance(error, torch.AcceleratorError) or "CUDA error" in str(error)
 
     def prepare_inputs(self, batch: ScheduledBatch) -> ModelInputs:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        blocks: list[int] = []
-        offsets: list[int] = []
-        logits_index: list[int] = []
+        decodes = self.decode_rows(batch.decodes)
+        input_ids, positions = decodes.input_ids, decodes.positions
+        blocks, offsets = decodes.slot_blocks, decodes.slot_offsets
+        logits_index = [row for row, item in enumerate(batch.decodes) for _ in item.samplers]
         bs = self.block_size
-        for item in batch.decodes:
-            seq, position = item.seq, item.start
-            input_ids.append(seq.token_ids[position])
-            positions.append(position)
-            blocks.append(seq.block_table[position // bs])
-            offsets.append(position % bs)
-            logits_index.extend([len(input_ids) - 1] * len(item.samplers))
         for item in batch.prefills:
             seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
             chunk_positions = np.arange(start, end)
@@ -178,11 +166,8 @@ class ModelRunner:
             slot_ids=[item.seq.lora_slot for item in scheduled],
             backend=self.lora_backend,
         )
-        groups = []
-        if batch.decodes:
-            groups.append(self._attention_group(batch.decodes, 0))
-        if batch.prefills:
-            groups.append(self._attention_group(batch.prefills, len(batch.decodes)))
+        parts = ((batch.decodes, 0), (batch.prefills, len(batch.decodes)))
+        groups = [self._attention_group(items, token_start) for items, token_start in parts if items]
         device = self.device
         return ModelInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -202,8 +187,9 @@ class ModelRunner:
         bs = self.block_size
         query_lens = [item.num_new_tokens for item in items]
         starts = [item.start for item in items]
+        context_lens = [item.start + item.num_new_tokens for item in items]
         max_query_len = max(query_lens)
-        max_blocks = max(-(-(s + n) // bs) for s, n in zip(starts, query_lens, strict=True))
+        max_blocks = -(-max(context_lens) // bs)
         tables = [item.seq.block_table[:max_blocks] + [0] * (max_blocks - len(item.seq.block_table)) for item in items]
         device = self.device
         # query_positions: [B, Lq]; padded query rows sit at position 0 so they attend to one real key.
@@ -213,14 +199,12 @@ class ModelRunner:
         key_positions = torch.arange(max_blocks * bs, device=device)
         may_attend = (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)).unsqueeze(1)
         # An additive mask in the model dtype: SDPA would otherwise convert a bool mask in every layer.
-        attend_bias = torch.zeros(may_attend.shape, dtype=self.dtype, device=device).masked_fill_(
-            ~may_attend, float("-inf")
-        )
+        attend_bias = torch.zeros(may_attend.shape, dtype=self.dtype, device=device)
+        attend_bias.masked_fill_(~may_attend, float("-inf"))
         padded_index = None
         if any(n != max_query_len for n in query_lens):
-            padded_index = torch.cat(
-                [row * max_query_len + torch.arange(n, device=device) for row, n in enumerate(query_lens)]
-            )
+            padded_rows = [row * max_query_len + torch.arange(n, device=device) for row, n in enumerate(query_lens)]
+            padded_index = torch.cat(padded_rows)
         return AttentionGroup(
             token_start=token_start,
             token_end=token_start + sum(query_lens),
@@ -228,7 +212,5 @@ class ModelRunner:
             block_tables=torch.tensor(tables, dtype=torch.long, device=device),
             attend_bias=attend_bias,
             padded_index=padded_index,
-            context_lens=torch.tensor(
-                [s + n for s, n in zip(starts, query_lens, strict=True)], dtype=torch.long, device=device
-            ),
+            context_lens=torch.tensor(context_lens, dtype=torch.long, device=device),
         )

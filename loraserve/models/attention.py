@@ -1,18 +1,15 @@
 """Attention over the paged KV cache, in torch, with a kernel for one-token rows where there is one.
 
-The KV cache of one layer is two tensors `[num_blocks, block_size, num_kv_heads, head_dim]`.
-A token at position p of a sequence lives in block `block_table[p // block_size]` at offset
-`p % block_size`. Each step writes the new tokens' K and V into their slots, then every
-row attends over its whole context gathered block by block from its block table.
+The KV cache of one layer is two tensors `[num_blocks, block_size, num_kv_heads, head_dim]`. A token at position p
+of a sequence lives in block `block_table[p // block_size]` at offset `p % block_size`. Each step writes the new
+tokens' K and V into their slots, then every row attends over its whole context gathered block by block.
 
-The rows of a step form at most two groups, each computed as one padded batch: the
-decodes (one query token each) and the prefill chunks (many query tokens each), so a long
-prompt never pads a decode row to its length. Prefill chunks go through SDPA. Decodes on
-CUDA go through a Triton kernel over the blocks in place (cuda_attention.py); on the CPU
-through a compiled kernel that reads K and V in the cache where they lie
-(cpu_attention.py), and without a compiler, in bfloat16, through two batched matmuls over
-the gathered blocks (`decode_attention`): on a 2-core AMD EPYC both run several times
-faster than SDPA's bfloat16 kernel (benchmarks/bench_attention.py, docs/benchmarks.md).
+The rows of a step form at most two groups, each one padded batch: the decodes (one query token each) and the
+prefill chunks (many each), so a long prompt never pads a decode row to its length. Prefill chunks go through SDPA.
+Decodes go through a kernel reading K and V in the cache where they lie, Triton on CUDA (cuda_attention.py) and
+compiled on the CPU (cpu_attention.py); on a CPU without a compiler, in bfloat16, through two batched matmuls over
+the gathered blocks (`decode_attention`). On a 2-core AMD EPYC both CPU paths run several times faster than SDPA's
+bfloat16 kernel (benchmarks/bench_attention.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -87,8 +84,8 @@ def paged_attention(
     num_heads = q.shape[1]
     outputs = []
     for group in metadata.groups:
+        queries = q[group.token_start : group.token_end]
         if group.max_query_len == 1 and metadata.decode_kernel is not None:
-            queries = q[group.token_start : group.token_end]
             outputs.append(
                 metadata.decode_kernel(queries, k_cache, v_cache, group.block_tables, group.context_lens, scale)
             )
@@ -99,7 +96,6 @@ def paged_attention(
         # keys, values: [B, context_len, Hkv, D], each row's blocks one after the other
         keys = k_cache.index_select(0, tables).view(num_rows, context_len, num_kv_heads, head_dim)
         values = v_cache.index_select(0, tables).view(num_rows, context_len, num_kv_heads, head_dim)
-        queries = q[group.token_start : group.token_end]
         if group.max_query_len == 1 and q.dtype != torch.float32:
             outputs.append(decode_attention(queries, keys, values, group.attend_bias, scale))
             continue

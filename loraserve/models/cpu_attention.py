@@ -16,18 +16,15 @@ from sgmv_kernels.build import load_library
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
 _FUNCTIONS = {torch.float32: "paged_decode_attention_float32", torch.bfloat16: "paged_decode_attention_bfloat16"}
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES = [_P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, ctypes.c_int]
 
 
 class DecodeAttentionKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._functions = {}
-        for dtype, name in _FUNCTIONS.items():
-            function = getattr(library, name)
-            function.restype = None
-            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-            function.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 5
-            function.argtypes += [ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
-            self._functions[dtype] = function
+        self._functions = {dtype: getattr(library, name) for dtype, name in _FUNCTIONS.items()}
+        for function in self._functions.values():
+            function.restype, function.argtypes = None, _ARGTYPES
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from loraserve.models.layer_ops_checks import check_rotary_store_kv
+from loraserve.models.layer_ops import LayerOps
 from sgmv_kernels.build import load_library
 
 SOURCE = Path(__file__).with_name("layer_ops_cpu.cpp")
@@ -26,8 +26,8 @@ _SIGNATURES = {
 }
 
 
-class LayerOpsKernel:
-    """Each method computes what the torch ops it replaces compute (see the model's torch path)."""
+class LayerOpsKernel(LayerOps):
+    """The ops as the compiled library (layer_ops_cpu.cpp) runs them, with torch's thread count."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._functions: dict[tuple[str, torch.dtype], Callable[..., None]] = {}
@@ -43,8 +43,6 @@ class LayerOpsKernel:
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight * rms_norm(x + residual), x + residual); the sum is written into `residual`.
-        Without a residual: (weight * rms_norm(x), x)."""
         _check_rows(x, weight)
         if residual is None:
             residual, delta_pointer = x, None
@@ -60,7 +58,6 @@ class LayerOpsKernel:
         return out, residual
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """[T, 2I] -> silu(gate_up[:, :I]) * gate_up[:, I:], [T, I]."""
         if not gate_up.is_contiguous() or gate_up.shape[1] % 2:
             raise ValueError("gate_up must be contiguous [T, 2 * intermediate]")
         rows, width = gate_up.shape[0], gate_up.shape[1] // 2
@@ -80,7 +77,7 @@ class LayerOpsKernel:
         slot_blocks: torch.Tensor,  # [T] int64
         slot_offsets: torch.Tensor,  # [T] int64
     ) -> None:
-        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
+        super().rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
         rows = qkv.shape[0]
         _, _, num_kv_heads, head_dim = k_cache.shape
         self._functions[("rotary_store_kv", qkv.dtype)](

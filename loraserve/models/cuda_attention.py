@@ -1,18 +1,15 @@
 """Decode attention on CUDA: a Triton kernel that reads K and V blocks where they lie in the paged cache.
 
-One program per (row, KV head) walks the row's context in tiles of TILE tokens, looking
-each token's block up in the block table, and keeps FlashAttention's online softmax (a
-running max and sum) for the G query heads that share the KV head, so each K and V element
-is read once for all of them. Nothing is gathered or padded in memory: the work follows
-`context_lens`, which the kernel reads on the device, so one launch serves any mix of
-context lengths and a CUDA graph replays it as the contexts grow. A row of context 0 (a
-CUDA graph's padding) gives zeros.
+One program per (row, KV head) walks the row's context in tiles of TILE tokens, looking each token's block up in the
+block table, and keeps FlashAttention's online softmax (a running max and sum) for the G query heads that share the
+KV head, so each K and V element is read once for all of them. Nothing is gathered or padded in memory: the work
+follows `context_lens`, which the kernel reads on the device, so one launch serves any mix of context lengths and a
+CUDA graph replays it as the contexts grow. A row of context 0 (a CUDA graph's padding) gives zeros.
 
-Example, block_size 16, block table [7, 2], context 20: tokens 0-15 are block 7's slots
-0-15, tokens 16-19 block 2's slots 0-3; TILE 32 covers them in one pass, the last 12
-lanes masked.
-Prompt chunks keep SDPA (attention.py). Checked against the torch reference on the CPU
-under TRITON_INTERPRET=1 and on a GPU (tests/kernels/test_decode_attention.py).
+Example, block_size 16, block table [7, 2], context 20: tokens 0-15 are block 7's slots 0-15, tokens 16-19 block
+2's slots 0-3; TILE 32 covers them in one pass, the last 12 lanes masked.
+Prompt chunks keep SDPA (attention.py). Checked against the torch reference on the CPU under TRITON_INTERPRET=1
+and on a GPU (tests/kernels/test_decode_attention.py).
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ rotary + K/V cache write, each one launch instead of four to eight torch ops.
 At batch 1 a decode step of an 8B model is ~450 launches of tiny element-wise work beside
 the matrix products; even replayed from a CUDA graph each costs a few microseconds. Each
 kernel rounds where the torch ops it replaces round (the model dtype after every op), so
-the results are the torch path's (tests/kernels/test_cuda_layer_ops.py); the same interface as
-the CPU's compiled ops (cpu_layer_ops.py), which the model calls through `use_layer_ops`.
+the results are the torch path's (tests/kernels/test_cuda_layer_ops.py).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraserve.models.layer_ops_checks import check_rotary_store_kv
+from loraserve.models.layer_ops import LayerOps
 
 
 @triton.jit
@@ -94,8 +93,8 @@ def _rotary_store_kv_kernel(
         tl.store(v_cache_ptr + slot + dims, v)
 
 
-class CudaLayerOps:
-    """Each method computes what the torch ops it replaces compute (see the model's torch path)."""
+class CudaLayerOps(LayerOps):
+    """The ops as Triton kernels, one launch each."""
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -103,8 +102,6 @@ class CudaLayerOps:
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weight * rms_norm(x + residual), x + residual); the sum is written into `residual`.
-        Without a residual: (weight * rms_norm(x), x)."""
         rows, hidden = x.shape
         if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
             raise ValueError("x and residual must be contiguous [T, hidden]")
@@ -116,7 +113,6 @@ class CudaLayerOps:
         return out, x if residual is None else residual
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """[T, 2I] -> silu(gate_up[:, :I]) * gate_up[:, I:], [T, I]."""
         if not gate_up.is_contiguous() or gate_up.shape[1] % 2:
             raise ValueError("gate_up must be contiguous [T, 2 * intermediate]")
         rows, width = gate_up.shape[0], gate_up.shape[1] // 2
@@ -136,7 +132,7 @@ class CudaLayerOps:
         slot_blocks: torch.Tensor,  # [T] int64
         slot_offsets: torch.Tensor,  # [T] int64
     ) -> None:
-        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
+        super().rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
         rows = qkv.shape[0]
         _, _, num_kv_heads, head_dim = k_cache.shape
         if rows == 0:

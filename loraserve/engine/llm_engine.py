@@ -304,13 +304,13 @@ class LLMEngine:
     def _validate_request(self, token_ids: list[int], params: SamplingParams) -> None:
         """What only the engine knows: the vocabulary, the context window, the KV pool's size, its limits."""
         limits = self.config.scheduler
-        for field, value, limit, unit in (
-            ("n", params.n, limits.max_n, ""),
-            ("logprobs", params.logprobs or 0, limits.max_logprobs, ""),
-            ("stop", len(params.stop), limits.max_stop, " stop strings"),
+        for field, value, limit, what in (
+            ("n", params.n, limits.max_n, "(--max-n)"),
+            ("logprobs", params.logprobs or 0, limits.max_logprobs, "(--max-logprobs)"),
+            ("stop", len(params.stop), limits.max_stop, "stop strings (--max-stop)"),
         ):
             if value > limit:
-                raise InvalidRequestError(field, f"must be at most {limit}{unit} (--max-{field}), got {value}")
+                raise InvalidRequestError(field, f"must be at most {limit} {what}, got {value}")
         if not token_ids:
             raise InvalidRequestError("prompt", "is empty")
         if len(token_ids) >= self.max_model_len:

@@ -47,12 +47,17 @@ class AdminClient:
         except httpx.HTTPError as error:
             raise LoraserveError(f"cannot reach the server at {self.http.base_url}: {error}") from error
         if response.is_error:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text
-            raise LoraserveError(f"{response.status_code}: {message}")
+            raise error_of(response)
         return response.json()
+
+
+def error_of(response: httpx.Response) -> LoraserveError:
+    """A server's error answer as LoraserveError, with the message of its JSON body when it has one."""
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text
+    return LoraserveError(f"{response.status_code}: {message}")
 
 
 def format_table(records: list[dict[str, Any]]) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 
+from loraserve.admin_client import error_of
 from loraserve.errors import LoraserveError
 
 
@@ -15,17 +16,12 @@ def stream_reply(http: httpx.Client, body: dict[str, object]) -> Iterator[str]:
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
         if response.is_error:
             response.read()
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text
-            raise LoraserveError(f"{response.status_code}: {message}")
+            raise error_of(response)
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             for choice in json.loads(line[len("data: ") :])["choices"]:
-                content = choice["delta"].get("content")
-                if content:
+                if content := choice["delta"].get("content"):
                     yield content
 
 

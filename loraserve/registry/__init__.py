@@ -1,10 +1,9 @@
 """The adapter registry: a database of named adapters (SQLite or PostgreSQL) and a content-addressed file store."""
 
 from loraserve.registry.adapter_info import AdapterInfo
-from loraserve.registry.adapter_name import validate_adapter_name
 from loraserve.registry.api_keys import ApiKeyInfo, KeySpec, hash_key
 from loraserve.registry.archive import extract_adapter_archive
-from loraserve.registry.database import downgrade_database, masked_url, sqlite_url, upgrade_database
+from loraserve.registry.database import downgrade_database, sqlite_url, upgrade_database
 from loraserve.registry.file_store import FileStore
 from loraserve.registry.models import AdapterStatus
 from loraserve.registry.repository import AdapterNotFoundError, Registry, Usage
@@ -21,8 +20,6 @@ __all__ = [
     "downgrade_database",
     "extract_adapter_archive",
     "hash_key",
-    "masked_url",
     "sqlite_url",
     "upgrade_database",
-    "validate_adapter_name",
 ]

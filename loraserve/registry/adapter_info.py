@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 from loraserve.registry.models import AdapterRow, AdapterStatus
@@ -32,22 +32,6 @@ class AdapterInfo:
 
     @classmethod
     def of(cls, row: AdapterRow) -> AdapterInfo:
-        return cls(
-            id=row.id,
-            name=row.name,
-            base_model=row.base_model,
-            rank=row.rank,
-            alpha=row.alpha,
-            target_modules=tuple(module for module in row.target_modules.split(",") if module),
-            size_bytes=row.size_bytes,
-            sha256=row.sha256,
-            status=AdapterStatus(row.status),
-            status_reason=row.status_reason,
-            system_prompt=row.system_prompt,
-            description=row.description,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            request_count=row.request_count,
-            prompt_token_count=row.prompt_token_count,
-            completion_token_count=row.completion_token_count,
-        )
+        columns = {field.name: getattr(row, field.name) for field in fields(cls)}
+        modules = tuple(module for module in row.target_modules.split(",") if module)
+        return cls(**{**columns, "target_modules": modules, "status": AdapterStatus(row.status)})

@@ -1,9 +1,8 @@
 """Tenants' API keys in the registry: created with a weight and quotas, listed, revoked.
 
-A key is 256 random bits, shown once when created; the database keeps its SHA-256 (a slow
-password hash buys nothing against a key this long) and its first characters, so an admin
-can tell keys apart. A tenant may hold several keys (to rotate one without downtime); its
-keys share its fair-share weight.
+A key is 256 random bits, shown once when created; the database keeps its SHA-256 (a slow password hash buys nothing
+against a key this long) and its first characters, so an admin can tell keys apart. A tenant may hold several keys (to
+rotate one without downtime); its keys share its fair-share weight.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import json
 import secrets
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 
 from sqlalchemy import select
@@ -59,18 +58,9 @@ class ApiKeyInfo:
 
     @classmethod
     def of(cls, row: ApiKeyRow) -> ApiKeyInfo:
+        columns = {field.name: getattr(row, field.name) for field in fields(cls)}
         allowed = None if row.allowed_models is None else tuple(json.loads(row.allowed_models))
-        return cls(
-            id=row.id,
-            tenant=row.tenant,
-            key_hash=row.key_hash,
-            key_prefix=row.key_prefix,
-            weight=row.weight,
-            requests_per_minute=row.requests_per_minute,
-            tokens_per_minute=row.tokens_per_minute,
-            allowed_models=allowed,
-            created_at=row.created_at,
-        )
+        return cls(**{**columns, "allowed_models": allowed})
 
 
 class ApiKeys:
@@ -85,13 +75,7 @@ class ApiKeys:
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         allowed = None if spec.allowed_models is None else json.dumps(list(spec.allowed_models))
         row = ApiKeyRow(
-            tenant=spec.tenant,
-            key_hash=hash_key(key),
-            key_prefix=key[:SHOWN_PREFIX_CHARS],
-            weight=spec.weight,
-            requests_per_minute=spec.requests_per_minute,
-            tokens_per_minute=spec.tokens_per_minute,
-            allowed_models=allowed,
+            **{**asdict(spec), "allowed_models": allowed}, key_hash=hash_key(key), key_prefix=key[:SHOWN_PREFIX_CHARS]
         )
         with self._session(f"create an API key of tenant {spec.tenant!r}") as session:
             session.add(row)

@@ -1,10 +1,9 @@
 """Unpack an uploaded adapter archive (.zip, .tar.gz, .tgz, .tar) safely.
 
-Only the two PEFT files are extracted, flat into `dest`, so no name inside the archive
-ever becomes a path on disk; an archive with members that would write elsewhere in a
-plain unpacker (absolute or `..` paths, links, devices) is refused whole. Sizes are
-checked twice: the declared total before extracting, and the bytes actually written, so
-a zip whose headers lie cannot fill the disk.
+Only the two PEFT files are extracted, flat into `dest`, so no name inside the archive ever becomes a path on disk; an
+archive with members that would write elsewhere in a plain unpacker (absolute or `..` paths, links, devices) is refused
+whole. Sizes are checked twice: the declared total before extracting, and the bytes actually written, so a zip whose
+headers lie cannot fill the disk.
 """
 
 from __future__ import annotations
@@ -29,12 +28,9 @@ Opener = Callable[[], IO[bytes]]  # opens one member's bytes
 
 
 def extract_adapter_archive(archive: Path, dest: Path, max_unpacked_bytes: int) -> Path:
-    """Extract the adapter in `archive` into `dest`; returns the directory holding adapter_config.json.
-
-    The PEFT files may sit at the archive root or inside its single top-level directory.
-    Raises AdapterError("archive", ...) for an unsafe, corrupt or unknown archive, AdapterError
-    naming the file for pickle weights, PayloadTooLargeError above `max_unpacked_bytes`.
-    """
+    """Extract the adapter in `archive` into `dest`; returns the directory holding adapter_config.json (at the archive
+    root or in its single top-level directory). Raises AdapterError("archive", ...) for an unsafe, corrupt or unknown
+    archive, AdapterError naming the file for pickle weights, PayloadTooLargeError above `max_unpacked_bytes`."""
     lowered = archive.name.lower()
     try:
         if lowered.endswith(".zip"):
@@ -102,9 +98,9 @@ def _add(members: dict[str, Opener], name: str, opener: Opener) -> None:
     members[key] = opener
 
 
-def _check_total(total: int, max_unpacked_bytes: int) -> None:
+def _check_total(total: int, max_unpacked_bytes: int, note: str = "") -> None:
     if total > max_unpacked_bytes:
-        raise PayloadTooLargeError(f"archive unpacks to more than the limit of {max_unpacked_bytes} bytes")
+        raise PayloadTooLargeError(f"archive unpacks to more than the limit of {max_unpacked_bytes} bytes{note}")
 
 
 def _adapter_prefix(members: dict[str, Opener]) -> str:
@@ -127,17 +123,13 @@ def _extract(members: dict[str, Opener], dest: Path, max_unpacked_bytes: int) ->
             )
         raise AdapterError(WEIGHTS_FILE, "missing from the archive")
     dest.mkdir(parents=True, exist_ok=True)
-    budget = max_unpacked_bytes
+    written = 0
     try:
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             with members[prefix + name]() as src, (dest / name).open("wb") as dst:
                 while chunk := src.read(1 << 20):
-                    budget -= len(chunk)
-                    if budget < 0:
-                        raise PayloadTooLargeError(
-                            f"archive unpacks to more than the limit of {max_unpacked_bytes} bytes "
-                            "(its headers understate it)"
-                        )
+                    written += len(chunk)
+                    _check_total(written, max_unpacked_bytes, " (its headers understate it)")
                     dst.write(chunk)
     except BaseException:
         for name in (CONFIG_FILE, WEIGHTS_FILE):

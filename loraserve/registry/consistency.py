@@ -1,15 +1,11 @@
 """The registry against its file store: every adapter row has its files, every stored directory a row.
 
-The store writes files before the row (files appear complete, by rename), so a crash
-between the two leaves at worst stored files no row names: orphans, which the server
-removes at start and `loraserve registry check --repair` removes on demand. Orphans newer
-than `min_orphan_age` are left alone: where replicas share one store, another server's
-upload may be between its file write and its commit. A row whose files are missing or
-changed (a disk fault, a hand-made deletion) cannot come from a crash; it is marked failed
-with the reason, kept for the operator to see, and never served.
-
-Example: after SIGKILL between the rename and the insert, store/<sha> exists with no row;
-`check(repair=True)` removes it and reports it under `removed`.
+The store writes files before the row (complete, by rename), so a crash between the two leaves at worst stored files no
+row names: orphans, which the server removes at start and `loraserve registry check --repair` on demand. Example: after
+SIGKILL between the rename and the insert, store/<sha> exists with no row; `check(repair=True)` removes it and reports
+it under `removed`. Orphans newer than `min_orphan_age` are left alone: where replicas share one store, another server's
+upload may be between its file write and its commit. A row whose files are missing or changed (a disk fault, a hand-made
+deletion) cannot come from a crash; it is marked failed with the reason, kept for the operator to see, and never served.
 """
 
 from __future__ import annotations
@@ -48,15 +44,13 @@ class ConsistencyReport:
 def check_registry(registry: Registry, repair: bool, min_orphan_age: float = 0.0) -> ConsistencyReport:
     """Compare rows and stored files; with `repair`, remove orphans older than `min_orphan_age` seconds."""
     adapters = registry.verify_all()  # marks adapters whose files are missing or changed failed
-    report = ConsistencyReport(adapters=adapters)
+    named = {info.sha256 for info in adapters}
+    orphans = [sha256 for sha256 in registry.store.stored() if sha256 not in named]
+    report = ConsistencyReport(orphans=orphans, adapters=adapters)
     for info in adapters:
         if info.status is AdapterStatus.FAILED and info.status_reason:
             report.failed[info.name] = info.status_reason
-    named = {info.sha256 for info in adapters}
-    for sha256 in registry.store.stored():
-        if sha256 in named:
-            continue
-        report.orphans.append(sha256)
+    for sha256 in orphans:
         if repair and registry.store.age_seconds(sha256) >= min_orphan_age:
             registry.store.remove(sha256)
             report.removed.append(sha256)

@@ -1,7 +1,6 @@
 """Open the registry database and migrate it with Alembic, turning every failure into a RegistryError.
 
-SQLite (the default, in the data directory) and PostgreSQL are both supported; the URL
-names which. Errors name the URL with its password masked and say what to change.
+SQLite (the default, in the data dir) or PostgreSQL, per the URL; errors name it (password hidden), say what to change.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ def create_registry_engine(url: str) -> Engine:
         if parsed.get_backend_name() == "sqlite":
             if parsed.database and parsed.database != ":memory:":
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            # The server calls the registry from worker threads; each gets its own pooled connection.
-            # A writer waits at most BUSY_SECONDS for another's lock.
+            # Worker threads call it, each on its own pooled connection; a writer waits at most BUSY_SECONDS for a lock.
             return create_engine(parsed, connect_args={"check_same_thread": False, "timeout": BUSY_SECONDS})
         # pre_ping replaces connections a restarted PostgreSQL server has closed. The timeouts bound
         # a database that refuses slowly or holds a lock; one that hangs outright is bounded by the

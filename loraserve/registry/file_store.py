@@ -1,8 +1,7 @@
 """Content-addressed store of adapter files: `root/<sha256>/{adapter_config.json, adapter_model.safetensors}`.
 
-Equal uploads share one directory. A directory appears only complete: files are written
-and fsynced in a temporary directory under `root` (same filesystem), then renamed into
-place. Temporary directories a crash left behind are removed when the store opens.
+Equal uploads share one directory. A directory appears only complete: files are written and fsynced in a temporary
+directory under `root` (same filesystem), then renamed into place; those a crash left behind go when the store opens.
 """
 
 from __future__ import annotations
@@ -42,10 +41,8 @@ class FileStore:
         return self.root / sha256
 
     def put(self, source_dir: Path, sha256: str) -> Path:
-        """Copy the adapter files in `source_dir` into the store; returns their stored directory.
-
-        Raises AdapterError if the files no longer hash to `sha256` (changed since they were
-        read), RegistryError if the store cannot be written.
+        """Copy the adapter files in `source_dir` into the store; returns their stored directory. AdapterError if the
+        files no longer hash to `sha256` (changed since they were read), RegistryError if the store cannot be written.
         """
         final = self.path_of(sha256)
         if final.is_dir() and self.verify(sha256) is None:
@@ -98,9 +95,7 @@ class FileStore:
         if missing:
             return f"stored files missing: {', '.join(missing)} in {path}"
         actual = sha256_of_files(*(path / name for name in FILES))
-        if actual != sha256:
-            return f"stored files changed on disk: sha256 is {actual}, expected {sha256}"
-        return None
+        return None if actual == sha256 else f"stored files changed on disk: sha256 is {actual}, expected {sha256}"
 
     def _discard(self, path: Path) -> None:
         # Renamed first, so a crash mid-delete leaves a temporary dir, never a half-deleted adapter.

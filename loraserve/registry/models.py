@@ -1,8 +1,6 @@
-"""The registry's tables: `adapters` (what was uploaded, under which name, how much it served) and
-`api_keys` (the tenants' inference keys, as hashes).
+"""The registry's tables: `adapters` (uploads, their names, how much each served) and `api_keys` (tenants' key hashes).
 
-The schema changes only through Alembic (`loraserve/registry/migrations/`); a test checks that these models
-and the migrations agree.
+The schema changes only through Alembic (migrations/); a test checks that these models and the migrations agree.
 """
 
 from __future__ import annotations
@@ -23,11 +21,8 @@ class AdapterStatus(StrEnum):
 
 
 class UtcDateTime(TypeDecorator[datetime]):
-    """A timezone-aware datetime, always returned in UTC.
-
-    SQLite stores no time zone and PostgreSQL returns the session's zone, so values are
-    written as UTC and normalized to UTC when read.
-    """
+    """A timezone-aware datetime, always returned in UTC: SQLite stores no time zone and PostgreSQL returns the
+    session's, so values are written as UTC and normalized to UTC when read."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -75,9 +70,8 @@ class AdapterRow(Base):
 
 
 class ApiKeyRow(Base):
-    """An inference key, created through the admin API for a tenant (one may have several: rotation).
-    Only the key's SHA-256 is stored (the key is 256 random bits: a fast hash is enough);
-    `key_prefix` lets an admin tell keys apart."""
+    """An inference key, created through the admin API for a tenant (one may have several: rotation). Only its SHA-256
+    is stored (the key is 256 random bits: a fast hash is enough); `key_prefix` lets an admin tell keys apart."""
 
     __tablename__ = "api_keys"
     __table_args__ = (CheckConstraint("weight > 0", name="ck_api_keys_weight"),)

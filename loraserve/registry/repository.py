@@ -1,16 +1,16 @@
-"""The adapter registry: names -> records in the database, files in the content-addressed store;
-and the tenants' API keys (`Registry.keys`, api_keys.py).
+"""The adapter registry: names -> records in the database, files in the content-addressed store; and the tenants' API
+keys (`Registry.keys`, api_keys.py).
 
-Every method runs its own short transaction and may be called from any thread. Creates
-and deletes hold one lock, so "do other rows still use these files?" and the file change
-it decides never interleave with another create or delete (in this process; processes
-sharing one database and store are not coordinated).
+Every method runs its own short transaction and may be called from any thread. Creates and deletes hold one lock, so "do
+other rows still use these files?" and the file change it decides never interleave with another create or delete (in
+this process; processes sharing one database and store are not coordinated).
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -153,7 +153,6 @@ class Registry:
                 info = AdapterInfo.of(row)
                 session.delete(row)
                 session.commit()
-            with self._session(f"delete adapter {name!r}") as session:
                 num_users = session.scalar(select(func.count()).where(AdapterRow.sha256 == info.sha256))
             if not num_users:
                 try:
@@ -184,13 +183,11 @@ class Registry:
 
     def verify_all(self) -> builtins.list[AdapterInfo]:
         """Re-hash every ready adapter's stored files, mark those missing or changed failed; returns all adapters."""
-        reasons: dict[str, str | None] = {}  # sha256 -> FileStore.verify, once per shared directory
+        verify = functools.cache(self.store.verify)  # once per shared directory
         for info in self.list():
             if info.status is not AdapterStatus.READY:
                 continue
-            if info.sha256 not in reasons:
-                reasons[info.sha256] = self.store.verify(info.sha256)
-            reason = reasons[info.sha256]
+            reason = verify(info.sha256)
             if reason is not None:
                 logger.warning("adapter %r marked failed: %s", info.name, reason)
                 with contextlib.suppress(AdapterNotFoundError):  # deleted meanwhile

@@ -1,8 +1,7 @@
 """Admin routes (the admin token, always): adapters, vLLM's load/unload, the memory pool.
 
-An upload is written to a temporary directory in the data directory, validated against
-the base model, then handed to the catalog, which stores and serves it; whatever fails,
-the temporary directory goes and the registry is as before.
+An upload is written to a temporary directory in the data directory, validated against the base model, then handed to
+the catalog, which stores and serves it; whatever fails, the temporary directory goes and the registry is as before.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ from loraserve.errors import AdapterError, AdapterNotFoundError, raise_if_disk_f
 from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
 from loraserve.registry import AdapterInfo
 from loraserve.registry.archive import SUFFIXES, extract_adapter_archive
-from loraserve.server.responses import AdapterList, AdapterRecord, Deleted, Pool
+from loraserve.server.responses import AdapterList, AdapterRecord, Deleted, Pool, record_json
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -84,15 +82,13 @@ async def upload_adapter(request: Request) -> JSONResponse:
 @router.get("/admin/adapters", response_model=AdapterList)
 async def list_adapters(request: Request) -> dict[str, Any]:
     state = server_state(request)
-    infos = await state.catalog.records()
-    return {"object": "list", "data": [_record(state, info) for info in infos]}
+    return {"object": "list", "data": [_record(state, info) for info in await state.catalog.records()]}
 
 
 @router.get("/admin/adapters/{name}", response_model=AdapterRecord)
 async def get_adapter(name: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
-    info = await state.catalog.record(name)
-    if info is None:
+    if (info := await state.catalog.record(name)) is None:
         raise AdapterNotFoundError(name)
     return _record(state, info)
 
@@ -100,8 +96,7 @@ async def get_adapter(name: str, request: Request) -> dict[str, Any]:
 @router.patch("/admin/adapters/{name}", response_model=AdapterRecord)
 async def patch_adapter(name: str, body: AdapterPatch, request: Request) -> dict[str, Any]:
     state = server_state(request)
-    changes = {field: getattr(body, field) for field in ("description", "system_prompt")}
-    info = await state.catalog.update(name, **{k: v for k, v in changes.items() if v is not _UNSET})
+    info = await state.catalog.update(name, **body.model_dump(exclude_unset=True))  # a field left out stays as it is
     return _record(state, info)
 
 
@@ -153,20 +148,15 @@ async def _set_pinned(state: ServerState, name: str, pinned: bool) -> dict[str, 
 
 def _record(state: ServerState, info: AdapterInfo) -> dict[str, Any]:
     """The record as JSON, with where its weights are (device, host or disk only) as the engine tells."""
-    record = asdict(info)
-    record["target_modules"] = list(info.target_modules)
-    for key in ("created_at", "updated_at"):
-        record[key] = record[key].isoformat()
+    record = record_json(info)
     record["residency"], record["pinned"] = state.engine.residency(info.name)
     return record
 
 
 def _text_field(value: object, field: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise AdapterError(field, "must be a text field, not a file")
-    return value
+    if value is None or isinstance(value, str):
+        return value
+    raise AdapterError(field, "must be a text field, not a file")
 
 
 def remove_stale_uploads(data_dir: Path, min_age: float) -> None:

@@ -1,7 +1,7 @@
 """Admin routes of tenants' API keys: create (the key is in this one answer), list, revoke.
 
-Listing answers from the server's memory, so it works while the registry is down;
-creating and revoking are registry writes (503 while it is down).
+Listing answers from the server's memory, so it works while the registry is down; creating and revoking are registry
+writes (503 while it is down).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.errors import InvalidRequestError
-from loraserve.registry import ApiKeyInfo, KeySpec
+from loraserve.registry import KeySpec
 from loraserve.registry.adapter_name import is_valid_name
-from loraserve.server.responses import KeyList, KeyRevoked, NewKey
+from loraserve.server.responses import KEY_SECRETS, KeyList, KeyRevoked, NewKey, record_json
 from loraserve.server.state import server_state
 
 router = APIRouter()
@@ -46,37 +46,19 @@ async def create_key(body: KeyRequest, request: Request) -> JSONResponse:
         for index, model in enumerate(allowed):
             if not is_valid_name(model):
                 raise InvalidRequestError(f"allowed_models.{index}", f"{model[:64]!r} is not a model id")
-    spec = KeySpec(
-        body.tenant,
-        body.weight,
-        body.requests_per_minute,
-        body.tokens_per_minute,
-        None if allowed is None else tuple(dict.fromkeys(allowed)),
-    )
+    unique = None if allowed is None else tuple(dict.fromkeys(allowed))
+    spec = KeySpec(**body.model_dump(exclude={"allowed_models"}), allowed_models=unique)
     record, key = await server_state(request).tenants.create(spec)
-    return JSONResponse({**key_record(record), "key": key}, status_code=201)
+    return JSONResponse({**record_json(record, KEY_SECRETS), "key": key}, status_code=201)
 
 
 @router.get("/admin/keys", response_model=KeyList)
 async def list_keys(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [key_record(record) for record in server_state(request).tenants.records()]}
+    records = server_state(request).tenants.records()
+    return {"object": "list", "data": [record_json(record, KEY_SECRETS) for record in records]}
 
 
 @router.delete("/admin/keys/{key_id}", response_model=KeyRevoked)
 async def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_KEY_ID)], request: Request) -> dict[str, Any]:
     record = await server_state(request).tenants.revoke(key_id)
     return {"id": record.id, "tenant": record.tenant, "deleted": True}
-
-
-def key_record(record: ApiKeyInfo) -> dict[str, Any]:
-    """A key's record as JSON: never the key, nor its hash."""
-    return {
-        "id": record.id,
-        "tenant": record.tenant,
-        "key_prefix": record.key_prefix,
-        "weight": record.weight,
-        "requests_per_minute": record.requests_per_minute,
-        "tokens_per_minute": record.tokens_per_minute,
-        "allowed_models": None if record.allowed_models is None else list(record.allowed_models),
-        "created_at": record.created_at.isoformat(),
-    }

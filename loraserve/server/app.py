@@ -38,9 +38,8 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     url = config.db_url or sqlite_url(config.data_dir)
     upgrade_database(url)
     registry = Registry(url, FileStore(config.data_dir / "adapters"))
-    base_model = engine.model_name
     calls = RegistryCalls(registry, timeout=config.registry_timeout)
-    catalog = AdapterCatalog(registry, engine, base_model, calls)
+    catalog = AdapterCatalog(registry, engine, calls)
     marker = config.data_dir / _SAMPLES_MARKER
     if config.register_samples and not marker.exists():
         catalog.register_samples(SAMPLE_ADAPTERS)
@@ -55,11 +54,8 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
         threading.Thread(target=adapter_sandbox.warm_up, name="loraserve-sandbox-warm-up", daemon=True).start()
-        background = [
-            asyncio.create_task(calls.probe_forever()),
-            asyncio.create_task(catalog.flush_usage_forever()),
-            asyncio.create_task(tenants.refresh_forever()),
-        ]
+        loops = (calls.probe_forever(), catalog.flush_usage_forever(), tenants.refresh_forever())
+        background = [asyncio.create_task(loop) for loop in loops]
         try:
             yield
         finally:
@@ -79,7 +75,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         tenants=tenants,
         config=config,
         admin_token=config.admin_token or secrets.token_urlsafe(32),
-        model_name=base_model,
+        model_name=engine.model_name,
         tokenizer=tokenizer,
         special_token_ids=frozenset(tokenizer.all_special_ids),
         started_at=int(time.time()),

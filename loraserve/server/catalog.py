@@ -1,14 +1,11 @@
 """The adapters the server offers: the registry's records kept in step with the engine.
 
-Every change goes registry first, engine second, and is undone in the registry when the
-engine refuses it, so a restart always sees what was served. Changes to one name are
-serialized (an upload and a delete of the same name cannot interleave), and a change
-once started goes on when its client stops waiting for a hung database: it is applied, or
-fails, whole, once the database answers.
-Reads on the request path (name -> record for routing and personas) come from the engine's
-adapter records (adapter_state.py), which carry the registry's record: one copy, no second
-map to keep in step. Usage counts gather in memory and reach the database in the background. The database is
-reached only through RegistryCalls, never on a thread inference needs.
+Every change goes registry first, engine second, and is undone in the registry when the engine refuses it, so a restart
+always sees what was served. Changes to one name are serialized (an upload and a delete of it cannot interleave); a
+change once started goes on when its client stops waiting for a hung database, and is applied, or fails, whole once the
+database answers. Request-path reads (name -> record, for routing and personas) come from the engine's adapter records
+(adapter_state.py), which carry the registry's record: one copy, no second map to keep in step. Usage counts gather in
+memory and reach the database in the background, only through RegistryCalls, never on a thread inference needs.
 """
 
 from __future__ import annotations
@@ -38,18 +35,18 @@ USAGE_FLUSH_SECONDS = 2.0
 
 
 class AdapterCatalog:
-    def __init__(self, registry: Registry, engine: AsyncLLMEngine, base_model: str, calls: RegistryCalls) -> None:
+    def __init__(self, registry: Registry, engine: AsyncLLMEngine, calls: RegistryCalls) -> None:
         self.registry = registry  # used directly only before the server serves (load_registered, samples)
         self.calls = calls
         self.engine = engine
-        self.base_model = base_model
-        self.usage = UsageBuffer()
+        self.base_model = engine.model_name
+        self.usage = UsageBuffer()  # finished requests' counts, for the next flush
         self._name_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._changes: set[asyncio.Task[object]] = set()  # referenced until done, or they may vanish
 
     def load_registered(self, min_orphan_age: float) -> None:
-        """At start (before the engine thread runs): check the registry against its files, removing the
-        orphans of a crash mid-upload (consistency.py), and serve the sound adapters."""
+        """At start (before the engine thread runs): check the registry against its files, removing the orphans of a
+        crash mid-upload (consistency.py), and serve the sound adapters."""
         report = check_registry(self.registry, repair=True, min_orphan_age=min_orphan_age)
         for info in report.adapters:
             if info.status != "ready":
@@ -71,8 +68,7 @@ class AdapterCatalog:
 
     def get(self, name: str) -> AdapterInfo:
         """The ready adapter called `name`; UnknownAdapterError (404) otherwise."""
-        info = self.engine.served_as(name)
-        if info is None:
+        if (info := self.engine.served_as(name)) is None:
             raise UnknownAdapterError(name)
         return cast(AdapterInfo, info)
 
@@ -150,10 +146,6 @@ class AdapterCatalog:
             return False
         return True
 
-    def record_usage(self, name: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count a finished request; the registry gets it with the next flush."""
-        self.usage.add(name, prompt_tokens, completion_tokens)
-
     async def flush_usage(self) -> None:
         """Write the gathered counts; on failure they go back into the buffer for the next flush."""
         counts = self.usage.take()
@@ -174,10 +166,7 @@ class AdapterCatalog:
                 logger.warning("usage of %d adapters not recorded yet: %s", len(self.usage), error)
 
     async def _change(self, name: str, change: Awaitable[T]) -> T:
-        """Run `change` alone among the changes to `name`; it goes on if the client stops waiting.
-
-        Its client waits `calls.timeout` for a database that does not answer, then gets a 503.
-        """
+        """Run `change` alone among the changes to `name`; past `calls.timeout` its client gets a 503; it goes on."""
         lock = self._name_locks.setdefault(name, asyncio.Lock())
 
         async def locked() -> T:

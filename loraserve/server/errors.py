@@ -1,8 +1,7 @@
 """The one place that maps exceptions to the wire: `{"error": {"message", "type", "code"}}`.
 
-Routes raise domain errors (loraserve/errors.py); a stream that already started reports
-the same payload as its last event. Anything unforeseen is a 500 of the same shape whose
-`request_id` the log line carries too.
+Routes raise domain errors (loraserve/errors.py); a stream that already started reports the same payload as its last
+event. Anything unforeseen is a 500 of the same shape whose `request_id` the log line carries too.
 """
 
 from __future__ import annotations
@@ -19,50 +18,30 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from loraserve.errors import (
-    AdapterError,
-    AdapterExistsError,
-    AdapterNotFoundError,
-    AdapterRetiringError,
-    AdapterUnavailableError,
-    ApiKeyNotFoundError,
-    EngineDeadError,
-    InsufficientStorageError,
-    InvalidRequestError,
-    LoraserveError,
-    ModelNotAllowedError,
-    ModelNotFoundError,
-    OverloadedError,
-    PayloadTooLargeError,
-    QuotaExceededError,
-    RegistryError,
-    RequestFailedError,
-    RequestTimeoutError,
-    UnknownAdapterError,
-)
+import loraserve.errors as domain
 
 logger = logging.getLogger(__name__)
 
 # Most specific first: UnknownAdapterError is an InvalidRequestError.
 _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
-    (UnknownAdapterError, 404, "not_found_error", "adapter_not_found"),
-    (AdapterNotFoundError, 404, "not_found_error", "adapter_not_found"),
-    (ModelNotFoundError, 404, "not_found_error", "model_not_found"),
-    (ApiKeyNotFoundError, 404, "not_found_error", "api_key_not_found"),
-    (ModelNotAllowedError, 403, "permission_error", "model_not_allowed"),
-    (QuotaExceededError, 429, "rate_limit_error", None),  # code: the quota (requests_per_minute...)
-    (InvalidRequestError, 400, "invalid_request_error", None),  # code: the field
-    (AdapterError, 422, "invalid_adapter_error", None),  # code: the field or file
-    (AdapterExistsError, 409, "conflict_error", "adapter_exists"),
-    (AdapterRetiringError, 409, "conflict_error", "adapter_retiring"),
-    (PayloadTooLargeError, 413, "invalid_request_error", "payload_too_large"),
-    (AdapterUnavailableError, 503, "server_error", "unavailable"),
-    (RegistryError, 503, "server_error", "registry_unavailable"),
-    (EngineDeadError, 503, "server_error", "engine_stopped"),
-    (RequestFailedError, 500, "server_error", "request_failed"),
-    (OverloadedError, 503, "server_error", "overloaded"),
-    (RequestTimeoutError, 504, "server_error", "timeout"),
-    (InsufficientStorageError, 507, "server_error", "insufficient_storage"),
+    (domain.UnknownAdapterError, 404, "not_found_error", "adapter_not_found"),
+    (domain.AdapterNotFoundError, 404, "not_found_error", "adapter_not_found"),
+    (domain.ModelNotFoundError, 404, "not_found_error", "model_not_found"),
+    (domain.ApiKeyNotFoundError, 404, "not_found_error", "api_key_not_found"),
+    (domain.ModelNotAllowedError, 403, "permission_error", "model_not_allowed"),
+    (domain.QuotaExceededError, 429, "rate_limit_error", None),  # code: the quota (requests_per_minute...)
+    (domain.InvalidRequestError, 400, "invalid_request_error", None),  # code: the field
+    (domain.AdapterError, 422, "invalid_adapter_error", None),  # code: the field or file
+    (domain.AdapterExistsError, 409, "conflict_error", "adapter_exists"),
+    (domain.AdapterRetiringError, 409, "conflict_error", "adapter_retiring"),
+    (domain.PayloadTooLargeError, 413, "invalid_request_error", "payload_too_large"),
+    (domain.AdapterUnavailableError, 503, "server_error", "unavailable"),
+    (domain.RegistryError, 503, "server_error", "registry_unavailable"),
+    (domain.EngineDeadError, 503, "server_error", "engine_stopped"),
+    (domain.RequestFailedError, 500, "server_error", "request_failed"),
+    (domain.OverloadedError, 503, "server_error", "overloaded"),
+    (domain.RequestTimeoutError, 504, "server_error", "timeout"),
+    (domain.InsufficientStorageError, 507, "server_error", "insufficient_storage"),
 ]
 
 
@@ -102,15 +81,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 _HTTP_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}
 
 
-def error_response(status: int, message: str, error_type: str, code: str | int | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content=error_body(message, error_type, code if code else str(status)))
+def error_response(status: int, message: str, error_type: str, code: str | int) -> JSONResponse:
+    return JSONResponse(status_code=status, content=error_body(message, error_type, code))
 
 
 def error_body(message: str, error_type: str, code: str | int) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "code": code}}
 
 
-def domain_error(error: LoraserveError) -> tuple[int, dict[str, Any]]:
+def domain_error(error: domain.LoraserveError) -> tuple[int, dict[str, Any]]:
     """The status and body of a domain error."""
     for cls, status, error_type, code in _WIRE:
         if isinstance(error, cls):
@@ -119,19 +98,24 @@ def domain_error(error: LoraserveError) -> tuple[int, dict[str, Any]]:
     return 500, error_body(str(error), "server_error", "internal_error")
 
 
-def stream_error_event(error: LoraserveError) -> str:
+def domain_error_response(error: domain.LoraserveError, **fields: Any) -> JSONResponse:
+    """The answer to a domain error, after `fields` of the route's own."""
+    status, body = domain_error(error)
+    headers = {}
+    if isinstance(error, domain.OverloadedError | domain.QuotaExceededError):
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))  # when to come back (or go elsewhere)
+    return JSONResponse(status_code=status, content={**fields, **body}, headers=headers)
+
+
+def stream_error_event(error: domain.LoraserveError) -> str:
     """A stream's last event when its request fails after the response started (OpenAI's and vLLM's shape)."""
     return f"data: {json.dumps(domain_error(error)[1], ensure_ascii=False)}\n\n"
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(LoraserveError)
-    async def known(_: Request, error: LoraserveError) -> JSONResponse:
-        status, body = domain_error(error)
-        headers = {}
-        if isinstance(error, OverloadedError | QuotaExceededError):  # when to come back (a router goes elsewhere)
-            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
-        return JSONResponse(status_code=status, content=body, headers=headers)
+    @app.exception_handler(domain.LoraserveError)
+    async def known(_: Request, error: domain.LoraserveError) -> JSONResponse:
+        return domain_error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -156,9 +140,6 @@ def install_error_handlers(app: FastAPI) -> None:
         request_id = uuid.uuid4().hex
         logger.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=error)
         message = f"internal error (request id {request_id}; the server log has the details)"
-        return JSONResponse(
-            status_code=500,
-            content={
-                "error": {**error_body(message, "server_error", "internal_error")["error"], "request_id": request_id}
-            },
-        )
+        body = error_body(message, "server_error", "internal_error")
+        body["error"]["request_id"] = request_id
+        return JSONResponse(status_code=500, content=body)

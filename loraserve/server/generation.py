@@ -26,17 +26,14 @@ from loraserve.server.state import ServerState, server_state
 from loraserve.server.tenants import UNKEYED_ACCESS, TenantKey
 
 
-# A route that answers JSON, or server-sent events when the request says "stream": true.
 def json_or_events(model: Any) -> dict[int | str, dict[str, Any]]:
-    """A route's documented 200: `model` as JSON, or a stream of server-sent events."""
+    """A route's documented 200: `model` as JSON, or server-sent events when the request says "stream": true."""
     return {200: {"model": model, "content": {"text/event-stream": {}}}}
 
 
 def resolve_adapter(state: ServerState, name: str | None) -> AdapterInfo | None:
     """The adapter a request names (None: the base model); UnknownAdapterError (404) when none is ready."""
-    if not name or name == state.model_name:
-        return None
-    return state.catalog.get(name)
+    return None if not name or name == state.model_name else state.catalog.get(name)
 
 
 @contextmanager
@@ -52,8 +49,8 @@ def fields_named(names: Mapping[str, str]) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Scheduling:
-    """Where a request queues: `priority` (lower first, vLLM's field), `timeout` (seconds to start) and
-    whose fair share and quotas serve it (the API key's grant)."""
+    """Where a request queues: `priority` (lower first, vLLM's field), `timeout` (seconds to start) and whose fair share
+    and quotas serve it (the API key's grant)."""
 
     priority: int = 0
     timeout: float | None = None
@@ -86,14 +83,14 @@ async def generate(
     request_id: str,
     prompt: str | list[int],
     params: SamplingParams,
-    adapter: str | None,
+    adapter_info: AdapterInfo | None,
     scheduling: Scheduling,
 ) -> AsyncIterator[RequestOutput]:
-    """The engine's stream for one request, aborted when the client goes away; counted when finished.
-
-    Refused first when the API key may not use the model (403) or its quota is spent (429);
-    its tokens are charged to the quota however it ends."""
+    """The engine's stream for one request, aborted when the client goes away; counted when finished. Refused first when
+    the API key may not use the model (403) or its quota is spent (429); its tokens are charged to the quota however it
+    ends."""
     state = server_state(http)
+    adapter = adapter_info.name if adapter_info else None
     grant, tenant = scheduling.grant, scheduling.grant.tenant
     state.tenants.admit(grant, adapter or state.model_name)
     stream = state.engine.generate(request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, tenant)
@@ -131,5 +128,5 @@ async def _checked(
                 raise RequestTimeoutError(f"the request timed out: {output.error.message}")
             raise RequestFailedError(f"the request failed: {output.error.message}")
         if output.finished and adapter is not None:
-            state.catalog.record_usage(adapter, len(output.prompt_token_ids), _num_generated(output))
+            state.catalog.usage.add(adapter, len(output.prompt_token_ids), _num_generated(output))
         yield output

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from loraserve.errors import EngineDeadError, LoraserveError, RegistryUnavailableError
-from loraserve.server.errors import domain_error
+from loraserve.errors import EngineDeadError, RegistryUnavailableError
+from loraserve.server.errors import domain_error_response
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -19,7 +17,7 @@ async def health(request: Request) -> dict[str, str] | JSONResponse:
     """200 while inference works (a registry that is away only degrades it); 503 once the engine has stopped."""
     state = server_state(request)
     if state.engine.error is not None:
-        return _error(_engine_stopped(state), status="stopped", engine="stopped")
+        return domain_error_response(_engine_stopped(state), status="stopped", engine="stopped")
     available = state.catalog.calls.is_available
     return {
         "status": "ok" if available else "degraded",
@@ -34,16 +32,13 @@ async def ready(request: Request) -> dict[str, str] | JSONResponse:
     """200 when every request is taken, admin writes included; 503 while the registry or the engine is away."""
     state = server_state(request)
     if state.engine.error is not None:
-        return _error(_engine_stopped(state))
+        return domain_error_response(_engine_stopped(state))
     if not state.catalog.calls.is_available:
-        return _error(RegistryUnavailableError("registry unavailable: admin changes cannot be taken now"))
+        return domain_error_response(
+            RegistryUnavailableError("registry unavailable: admin changes cannot be taken now")
+        )
     return {"status": "ready"}
 
 
 def _engine_stopped(state: ServerState) -> EngineDeadError:
     return EngineDeadError(f"the engine stopped: {state.engine.error!r}")
-
-
-def _error(error: LoraserveError, **fields: Any) -> JSONResponse:
-    status, body = domain_error(error)
-    return JSONResponse(status_code=status, content={**fields, **body})

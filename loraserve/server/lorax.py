@@ -1,8 +1,7 @@
 """LoRAX/TGI-compatible routes: /generate, /generate_stream, and POST / (what `lorax-client` calls).
 
-`inputs` is raw text, tokenized as `tokenizer(text)` does (no chat template); the adapter
-comes from `parameters.adapter_id`. Stream events are TGI's: one per generated token, the
-last carrying `generated_text` and `details`; the concatenated token texts equal it.
+`inputs` is raw text, tokenized as `tokenizer(text)` does (no chat template); `parameters.adapter_id` names the adapter.
+Stream events are TGI's: one per token, the last with `details` and `generated_text` (the token texts joined).
 """
 
 from __future__ import annotations
@@ -133,10 +132,7 @@ async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator
             if parameters.truncate < 1:
                 raise InvalidRequestError("parameters.truncate", f"must be at least 1, got {parameters.truncate}")
             prompt = (await state.engine.offload(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
-        adapter_name = adapter.name if adapter else None
-        outputs = generate(
-            request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter_name, Scheduling.of(request)
-        )
+        outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter, Scheduling.of(request))
         # Awaited here so a refused request is a plain error, not a broken stream.
         return outputs, await anext(outputs)
 

@@ -1,8 +1,7 @@
 """Prometheus metrics: per-request counters and latency histograms, engine and pool gauges.
 
-One CollectorRegistry per app, so several servers in one process (tests) never share counts.
-Request metrics are recorded when a request finishes; the engine's statistics are read at each
-scrape, in the series engine/stats.py defines.
+One CollectorRegistry per app, so several servers in one process (tests) never share counts. Request metrics are
+recorded when a request finishes, the engine's statistics (in the series engine/stats.py defines) at each scrape.
 """
 
 from __future__ import annotations
@@ -27,28 +26,21 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+
+        def latency(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Histogram:
+            return Histogram(f"loraserve_{name}_seconds", help_text, labels, buckets=LATENCY_BUCKETS, registry=r)
+
         self.requests = Counter("loraserve_requests", "Finished requests", ["adapter", "finish_reason"], registry=r)
         self.prompt_tokens = Counter("loraserve_prompt_tokens", "Prompt tokens computed", ["adapter"], registry=r)
         self.generation_tokens = Counter("loraserve_generation_tokens", "Tokens generated", ["adapter"], registry=r)
-        self.ttft = Histogram(
-            "loraserve_time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.inter_token = Histogram(
-            "loraserve_inter_token_latency_seconds", "Between consecutive tokens", buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.e2e = Histogram(
-            "loraserve_request_latency_seconds", "Arrival to last token", buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.queue_time = Histogram(
-            "loraserve_queue_time_seconds", "Arrival to first scheduled", buckets=LATENCY_BUCKETS, registry=r
-        )
+        self.ttft = latency("time_to_first_token", "Arrival to first token")
+        self.inter_token = latency("inter_token_latency", "Between consecutive tokens")
+        self.e2e = latency("request_latency", "Arrival to last token")
+        self.queue_time = latency("queue_time", "Arrival to first scheduled")
         # Per tenant (each --api-key; "unkeyed" for the rest): what fair share gave each.
         self.tenant_requests = Counter("loraserve_tenant_requests", "Finished requests", ["tenant"], registry=r)
         self.tenant_tokens = Counter("loraserve_tenant_generation_tokens", "Tokens generated", ["tenant"], registry=r)
-        self.tenant_ttft = Histogram(
-            "loraserve_tenant_time_to_first_token_seconds", "Arrival to first token", ["tenant"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.tenant_ttft = latency("tenant_time_to_first_token", "Arrival to first token", ("tenant",))
         self._engine = EngineCollector()
         r.register(self._engine)
 
@@ -106,9 +98,9 @@ class EngineCollector(Collector):
 
 
 def lora_requests_info(stats: EngineStats) -> GaugeMetricFamily:
-    """vLLM's vllm:lora_requests_info, which LoRA-affinity routers read (Gateway API inference extension,
-    llm-d): the adapters of running and waiting requests as comma-separated labels, the adapter slots as
-    max_lora, and as value the time the label set was read (routers take the newest series)."""
+    """vLLM's vllm:lora_requests_info, which LoRA-affinity routers read (Gateway API inference extension, llm-d): the
+    adapters of running and waiting requests as comma-separated labels, the adapter slots as max_lora, and as value the
+    time the label set was read (routers take the newest series)."""
     info = GaugeMetricFamily(
         "vllm:lora_requests_info", "Running and waiting adapters (vLLM's names)",
         labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],

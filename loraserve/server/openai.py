@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -20,7 +21,7 @@ from openai.types.completion_choice import Logprobs
 from openai.types.completion_usage import PromptTokensDetails
 from pydantic import BaseModel
 
-from loraserve.engine import RequestOutput, SamplingParams, TokenLogprob
+from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundError, UnknownAdapterError
 from loraserve.registry import AdapterInfo
@@ -36,7 +37,6 @@ router = APIRouter()
 DEFAULT_CHAT_MAX_TOKENS = 512
 
 T = TypeVar("T", ChoiceLogprobs, ChunkLogprobs)
-C = TypeVar("C", bound=CompletionChoice)
 
 
 @router.get("/v1/models")
@@ -98,7 +98,7 @@ async def _respond(
 ) -> JSONResponse | StreamingResponse:
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
     scheduling = Scheduling.of(request, body.priority, body.timeout)
-    outputs = generate(request, request_id, prompt, params, adapter.name if adapter else None, scheduling)
+    outputs = generate(request, request_id, prompt, params, adapter, scheduling)
     # The first output is awaited here so a refused request is a plain error, not a broken stream.
     first = await anext(outputs)
     if body.stream:
@@ -123,9 +123,9 @@ async def _sse(
     sent_text = [""] * n
     sent_logprobs = [0] * n
     for index in range(n):
-        opening = fmt.opening_chunk(request_id, index)
+        opening = fmt.opening_choice(index)
         if opening is not None:
-            yield _event(opening)
+            yield _event(fmt.chunk(request_id, opening))
     output: RequestOutput | None = first
     last = first
     while output is not None:
@@ -135,7 +135,8 @@ async def _sse(
             delta = completion.text[len(sent_text[i]) :]
             new_logprobs = (completion.logprobs or [])[sent_logprobs[i] :] if completion.logprobs is not None else None
             if delta or completion.finish_reason is not None or new_logprobs:
-                yield _event(fmt.chunk(request_id, i, delta, completion.finish_reason, new_logprobs))
+                news = replace(completion, text=delta, logprobs=new_logprobs)  # what this chunk adds
+                yield _event(fmt.chunk(request_id, fmt.choice(news, is_chunk=True)))
                 sent_text[i] = completion.text
                 sent_logprobs[i] += len(new_logprobs or [])
         try:
@@ -145,7 +146,7 @@ async def _sse(
             yield "data: [DONE]\n\n"
             return
     if include_usage:
-        yield _event(fmt.usage_chunk(request_id, last))
+        yield _event(fmt.chunk(request_id, usage=_usage(last)))
     yield "data: [DONE]\n\n"
 
 
@@ -170,51 +171,43 @@ class _Format:
     id_prefix = ""
     object_name = ""
     chunk_object_name = ""
+    response_type: type[BaseModel]
+    chunk_type: type[BaseModel]
 
     def __init__(self, state: ServerState, model: str) -> None:
         self.state = state
         self.model = model  # echoed as asked: the adapter's name or the base model's id
         self.created = int(time.time())
 
-    def envelope(self, request_id: str, chunk: bool) -> dict[str, Any]:
-        name = self.chunk_object_name if chunk else self.object_name
-        return {"id": request_id, "object": name, "created": self.created, "model": self.model}
+    def response(self, request_id: str, output: RequestOutput) -> BaseModel:
+        choices = [self.choice(completion, is_chunk=False) for completion in output.outputs]
+        return self.response_type(**self._envelope(request_id, self.object_name), choices=choices, usage=_usage(output))
 
-    def opening_chunk(self, request_id: str, index: int) -> BaseModel | None:
+    def chunk(self, request_id: str, *choices: BaseModel, **fields: Any) -> BaseModel:
+        """A stream chunk of `choices`; the usage chunk has none, and `usage` in `fields`."""
+        return self.chunk_type(**self._envelope(request_id, self.chunk_object_name), choices=list(choices), **fields)
+
+    def _envelope(self, request_id: str, object_name: str) -> dict[str, Any]:
+        return {"id": request_id, "object": object_name, "created": self.created, "model": self.model}
+
+    def opening_choice(self, index: int) -> BaseModel | None:
         return None
 
-    def response(self, request_id: str, output: RequestOutput) -> BaseModel:
-        raise NotImplementedError
-
-    def chunk(
-        self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> BaseModel:
-        raise NotImplementedError
-
-    def usage_chunk(self, request_id: str, output: RequestOutput) -> BaseModel:
+    def choice(self, completion: CompletionOutput, is_chunk: bool) -> BaseModel:
         raise NotImplementedError
 
 
 class _CompletionFormat(_Format):
     id_prefix, object_name, chunk_object_name = "cmpl", "text_completion", "text_completion"
+    response_type, chunk_type = Completion, CompletionChunk
 
-    def response(self, request_id: str, output: RequestOutput) -> Completion:
-        choices = [self._choice(CompletionChoice, c.index, c.text, c.finish_reason, c.logprobs) for c in output.outputs]
-        return Completion(**self.envelope(request_id, chunk=False), choices=choices, usage=_usage(output))
-
-    def _choice(
-        self, kind: type[C], index: int, text: str, finish_reason: Any, logprobs: list[TokenLogprob] | None
-    ) -> C:
-        return kind(index=index, text=text, logprobs=self._logprobs(logprobs), finish_reason=finish_reason)
-
-    def chunk(
-        self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> CompletionChunk:
-        choice = self._choice(CompletionChunkChoice, index, delta, finish_reason, logprobs)
-        return CompletionChunk(**self.envelope(request_id, chunk=True), choices=[choice])
-
-    def usage_chunk(self, request_id: str, output: RequestOutput) -> CompletionChunk:
-        return CompletionChunk(**self.envelope(request_id, chunk=True), choices=[], usage=_usage(output))
+    def choice(self, completion: CompletionOutput, is_chunk: bool) -> CompletionChoice:
+        return (CompletionChunkChoice if is_chunk else CompletionChoice)(
+            index=completion.index,
+            text=completion.text,
+            logprobs=self._logprobs(completion.logprobs),
+            finish_reason=completion.finish_reason,  # type: ignore[arg-type]
+        )
 
     def _logprobs(self, logprobs: list[TokenLogprob] | None) -> Logprobs | None:
         if logprobs is None:
@@ -229,43 +222,30 @@ class _CompletionFormat(_Format):
 
 class _ChatFormat(_Format):
     id_prefix, object_name, chunk_object_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
+    response_type, chunk_type = ChatCompletion, ChatCompletionChunk
 
-    def response(self, request_id: str, output: RequestOutput) -> ChatCompletion:
-        choices = [
-            Choice(
-                index=c.index,
-                message=ChatCompletionMessage(role="assistant", content=c.text),
-                logprobs=self._logprobs(ChoiceLogprobs, c.logprobs),
-                finish_reason=c.finish_reason,  # type: ignore[arg-type]
-            )
-            for c in output.outputs
-        ]
-        return ChatCompletion(**self.envelope(request_id, chunk=False), choices=choices, usage=_usage(output))
-
-    def opening_chunk(self, request_id: str, index: int) -> ChatCompletionChunk:
-        opening = ChunkChoice(
+    def opening_choice(self, index: int) -> ChunkChoice:
+        return ChunkChoice(
             index=index, delta=ChoiceDelta(role="assistant", content=""), logprobs=None, finish_reason=None
         )
-        return ChatCompletionChunk(**self.envelope(request_id, chunk=True), choices=[opening])
 
-    def chunk(
-        self, request_id: str, index: int, delta: str, finish_reason: str | None, logprobs: list[TokenLogprob] | None
-    ) -> ChatCompletionChunk:
-        choice = ChunkChoice(
-            index=index,
-            delta=ChoiceDelta(content=delta) if delta else ChoiceDelta(),
-            logprobs=self._logprobs(ChunkLogprobs, logprobs),
-            finish_reason=finish_reason,  # type: ignore[arg-type]
+    def choice(self, completion: CompletionOutput, is_chunk: bool) -> Choice | ChunkChoice:
+        if is_chunk:
+            return ChunkChoice(
+                index=completion.index,
+                delta=ChoiceDelta(content=completion.text) if completion.text else ChoiceDelta(),
+                logprobs=self._logprobs(ChunkLogprobs, completion.logprobs),
+                finish_reason=completion.finish_reason,  # type: ignore[arg-type]
+            )
+        return Choice(
+            index=completion.index,
+            message=ChatCompletionMessage(role="assistant", content=completion.text),
+            logprobs=self._logprobs(ChoiceLogprobs, completion.logprobs),
+            finish_reason=completion.finish_reason,  # type: ignore[arg-type]
         )
-        return ChatCompletionChunk(**self.envelope(request_id, chunk=True), choices=[choice])
-
-    def usage_chunk(self, request_id: str, output: RequestOutput) -> ChatCompletionChunk:
-        return ChatCompletionChunk(**self.envelope(request_id, chunk=True), choices=[], usage=_usage(output))
 
     def _logprobs(self, kind: type[T], logprobs: list[TokenLogprob] | None) -> T | None:
-        if logprobs is None:
-            return None
-        return kind(content=[self._entry(e.token_id, e.logprob, e.top) for e in logprobs])
+        return None if logprobs is None else kind(content=[self._entry(e.token_id, e.logprob, e.top) for e in logprobs])
 
     def _entry(self, token_id: int, logprob: float, top: dict[int, float]) -> ChatCompletionTokenLogprob:
         def alternative(token_id: int, logprob: float) -> TopLogprob:

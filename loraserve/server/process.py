@@ -17,12 +17,10 @@ def run_server(
 ) -> int:
     """Serve until SIGTERM or Ctrl-C, or (`exit_on_engine_death`) until the engine stops for good; the exit status.
 
-    On SIGTERM or Ctrl-C no new connection is accepted and the requests running finish (streams
-    included: the engine runs until they are done) for at most `drain_timeout` seconds; what
-    is left then is cut off.
-
-    A server whose engine has died answers nothing useful: exiting non-zero lets systemd,
-    Kubernetes or Ray start a fresh one. Without it the server stays up and /health says 503.
+    On SIGTERM or Ctrl-C no new connection is accepted and the requests running finish (streams included: the engine
+    runs until they are done) for at most `drain_timeout` seconds, then are cut off. A server whose engine died answers
+    nothing useful: exiting non-zero lets systemd, Kubernetes or Ray start a fresh one; otherwise it stays up and
+    /health says 503.
     """
     config = uvicorn.Config(
         app,

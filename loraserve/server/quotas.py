@@ -1,10 +1,9 @@
 """Per-tenant quotas: requests and tokens per minute, as token buckets.
 
-Each bucket holds up to one minute's allowance and refills continuously, so a tenant may
-burst a minute's worth and then runs at its rate. A request takes one from the request
-bucket when it starts. Tokens (prompt and generated) are charged when it ends, since only
-then are they known: the bucket may go below zero, and the tenant's next request waits
-until it is above zero again; one request overdraws by at most its own size.
+Each bucket holds up to one minute's allowance and refills continuously, so a tenant may burst a minute's worth, then
+runs at its rate. A request takes one from the request bucket when it starts; its tokens (prompt and generated) are
+charged when it ends, once known: the bucket may go below zero, and the tenant's next request waits until it is above
+zero again (one request overdraws by at most its own size).
 """
 
 from __future__ import annotations
@@ -21,10 +20,6 @@ class Bucket:
     per_minute: float
     level: float
     updated: float  # clock seconds of `level`
-
-    @classmethod
-    def full(cls, per_minute: float, now: float) -> Bucket:
-        return cls(per_minute, per_minute, now)
 
     def refill(self, now: float) -> None:
         self.level = min(self.per_minute, self.level + (now - self.updated) * self.per_minute / 60)
@@ -55,19 +50,11 @@ class Quotas:
         now = self.clock()
         tokens = self._bucket(self._tokens, owner, quota.tokens_per_minute, now)
         if tokens is not None and tokens.level <= 0:
-            raise QuotaExceededError(
-                "tokens_per_minute",
-                f"this API key has used its {quota.tokens_per_minute} tokens per minute; retry later",
-                retry_after=tokens.seconds_until(1),
-            )
+            raise _exceeded("tokens_per_minute", quota.tokens_per_minute, tokens)
         requests = self._bucket(self._requests, owner, quota.requests_per_minute, now)
         if requests is not None:
             if requests.level < 1:
-                raise QuotaExceededError(
-                    "requests_per_minute",
-                    f"this API key has used its {quota.requests_per_minute} requests per minute; retry later",
-                    retry_after=requests.seconds_until(1),
-                )
+                raise _exceeded("requests_per_minute", quota.requests_per_minute, requests)
             requests.level -= 1
 
     def charge_tokens(self, owner: str, quota: Quota, tokens: int) -> None:
@@ -86,8 +73,11 @@ class Quotas:
         if per_minute is None:
             buckets.pop(owner, None)
             return None
-        bucket = buckets.get(owner)
-        if bucket is None:
-            bucket = buckets[owner] = Bucket.full(per_minute, now)
+        bucket = buckets.setdefault(owner, Bucket(per_minute, per_minute, now))
         bucket.refill(now)
         return bucket
+
+
+def _exceeded(quota_name: str, per_minute: int | None, bucket: Bucket) -> QuotaExceededError:
+    message = f"this API key has used its {per_minute} {quota_name.removesuffix('_per_minute')} per minute; retry later"
+    return QuotaExceededError(quota_name, message, retry_after=bucket.seconds_until(1))

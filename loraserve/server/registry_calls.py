@@ -1,12 +1,10 @@
 """Registry calls that a hung database cannot turn into a hung server.
 
-Each call runs on a daemon thread of its own, at most `max_concurrent` at once, never on
-a thread that inference needs. The caller waits `timeout` seconds at most, then gets
-RegistryUnavailableError (503), while the thread stays with the database until it
-answers: a stopped PostgreSQL (SIGSTOP, a failover, a full WAL disk) answers nothing, and
-no driver timeout fires, since the kernel still acknowledges every packet. Daemon threads,
-so the process can exit while one still waits. The outcome of every call, and of a probe
-every `probe_seconds`, says whether the registry is available.
+Each call runs on a daemon thread of its own (so the process can exit while one still waits), at most MAX_CONCURRENT at
+once, never on a thread inference needs. The caller waits `timeout` seconds at most, then gets RegistryUnavailableError
+(503), while the thread stays with the database until it answers: a stopped PostgreSQL (SIGSTOP, a failover, a full WAL
+disk) answers nothing, and no driver timeout fires, since the kernel still acknowledges every packet. The outcome of
+every call, and of a probe every PROBE_SECONDS, says whether the registry is available.
 """
 
 from __future__ import annotations
@@ -25,27 +23,24 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+MAX_CONCURRENT = 8
+PROBE_SECONDS = 2.0
+
 
 class RegistryCalls:
     """Owns the registry's threads and its availability; the only way the running server reaches the database."""
 
-    def __init__(
-        self, registry: Registry, timeout: float = 10.0, max_concurrent: int = 8, probe_seconds: float = 2.0
-    ) -> None:
+    def __init__(self, registry: Registry, timeout: float = 10.0) -> None:
         self.registry = registry
         self.timeout = timeout
-        self.probe_seconds = probe_seconds
         self.is_available = True
-        self._max_concurrent = max_concurrent
-        self._slots: asyncio.Semaphore | None = None  # made on the server's event loop
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT)  # binds to the event loop that first waits on it
         self._probe: asyncio.Future[Any] | None = None
 
     async def __call__(self, action: str, function: Callable[..., T], *args: Any, wait: bool = False) -> T:
-        """`function(*args)` on a registry thread; RegistryUnavailableError past `timeout` unless `wait`.
-
-        `action` says what it does ("list adapters"), for the error. `wait`: for background work
-        (usage counts, changes that must complete once started), wait as long as it takes.
-        """
+        """`function(*args)` on a registry thread; RegistryUnavailableError past `timeout` unless `wait` (for background
+        work: usage counts, changes that must complete once started). `action` says what it does ("list adapters"), for
+        the error."""
         future = self._start(function, *args)
         try:
             return await self._wait(action, future, None if wait else self.timeout)
@@ -54,13 +49,13 @@ class RegistryCalls:
             raise
 
     async def probe_forever(self) -> None:
-        """Check the database every `probe_seconds`, so availability recovers without a request."""
+        """Check the database every PROBE_SECONDS, so availability recovers without a request."""
         while True:
             if self._probe is None or self._probe.done():  # a hung probe is not piled upon
                 self._probe = self._start(self.registry.ping)
             with contextlib.suppress(RegistryError):  # _wait and _finish note what it says of availability
                 await self._wait("reach the registry database", self._probe, self.timeout)
-            await asyncio.sleep(self.probe_seconds)
+            await asyncio.sleep(PROBE_SECONDS)
 
     def _start(self, function: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
@@ -75,7 +70,7 @@ class RegistryCalls:
                 loop.call_soon_threadsafe(self._finish, future, *outcome)
 
         async def when_a_slot_is_free() -> None:
-            await self._free_slots().acquire()
+            await self._slots.acquire()
             threading.Thread(target=run, name="loraserve-registry", daemon=True).start()
 
         future.add_done_callback(_retrieve)
@@ -84,7 +79,7 @@ class RegistryCalls:
         return future
 
     def _finish(self, future: asyncio.Future[Any], set_outcome: Callable[[Any], None], value: Any) -> None:
-        self._free_slots().release()
+        self._slots.release()
         self._note(value)
         if not future.done():
             set_outcome(value)
@@ -103,11 +98,6 @@ class RegistryCalls:
         if available != self.is_available:
             logger.warning("registry %s", "available again" if available else f"unavailable: {value or 'no answer'}")
         self.is_available = available
-
-    def _free_slots(self) -> asyncio.Semaphore:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self._max_concurrent)
-        return self._slots
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -1,16 +1,14 @@
 """Response bodies as types, so /openapi.json documents what each route answers.
 
-OpenAI's routes answer with the `openai` package's own types (openai.py; a streamed
-completion's chunk, below, allows the null finish_reason OpenAI sends). LoRAX's shapes
-are its clients' contract, written out here; the admin records and /admin/pool are
-derived from the definitions they show (AdapterInfo, ApiKeyInfo, EngineStats), never
-restated. Bodies are dumped with `exclude_unset`: a field left unset is absent, one set
-to None is null.
+OpenAI's routes answer with the `openai` package's own types (openai.py; a streamed completion's chunk, below, allows
+the null finish_reason OpenAI sends). LoRAX's shapes are its clients' contract, written out here; the admin records and
+/admin/pool are derived from the definitions they show (AdapterInfo, ApiKeyInfo, EngineStats), never restated. Bodies
+are dumped with `exclude_unset`: a field left unset is absent, one set to None is null.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import asdict, fields
 from datetime import datetime
 from typing import Any, Literal, get_type_hints
 
@@ -37,10 +35,7 @@ class AlternativeToken(BaseModel):
     logprob: float
 
 
-class GeneratedToken(BaseModel):
-    id: int
-    text: str
-    logprob: float
+class GeneratedToken(AlternativeToken):
     special: bool
     alternative_tokens: list[AlternativeToken] | None = None  # with parameters.return_k_alternatives
 
@@ -84,6 +79,11 @@ def _from_dataclass(name: str, source: type, hidden: tuple[str, ...] = (), **ext
     return create_model(name, **own, **extra)
 
 
+def record_json(record: Any, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A registry record in its model's shape (above): the fields but the `hidden` ones, datetimes as ISO 8601 text."""
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(record).items() if k not in hidden}
+
+
 AdapterRecord = _from_dataclass(
     "AdapterRecord", AdapterInfo, residency=(Literal["device", "host", "disk"], ...), pinned=(bool, ...)
 )
@@ -99,7 +99,8 @@ class Deleted(BaseModel):
     deleted: Literal[True]
 
 
-KeyRecord = _from_dataclass("KeyRecord", ApiKeyInfo, hidden=("key_hash",))  # never the key, nor its hash
+KEY_SECRETS = ("key_hash",)  # a key's record shows never the key, nor its hash
+KeyRecord = _from_dataclass("KeyRecord", ApiKeyInfo, hidden=KEY_SECRETS)
 NewKey = create_model("NewKey", __base__=KeyRecord, key=(str, Field(description="shown this once")))
 
 

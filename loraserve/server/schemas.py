@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,11 +15,8 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """The sampling fields both routes share (OpenAI names, plus vLLM's extras).
-
-    Any other field is refused by name (400): a client that asked for, say, `response_format`
-    must not get plain text back as if it had been honoured.
-    """
+    """The sampling fields both routes share (OpenAI names, plus vLLM's extras). Any other field is refused by name
+    (400): a client that asked for, say, `response_format` must not get plain text back as if it had been honoured."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -44,20 +42,16 @@ class SamplingFields(BaseModel):
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Validated engine parameters; raises InvalidRequestError naming the field."""
         return SamplingParams(
-            n=self.n,
+            **self.model_dump(include=_SAME_NAMED),
             max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
-            ignore_eos=self.ignore_eos,
             logprobs=logprobs,
         )
+
+
+# The fields SamplingParams takes as they are, under the same names.
+_SAME_NAMED = {f.name for f in fields(SamplingParams)} & SamplingFields.model_fields.keys() - {"stop", "stop_token_ids"}
 
 
 class CompletionRequest(SamplingFields):

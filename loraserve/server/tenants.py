@@ -1,14 +1,11 @@
 """Who sends each inference request: the tenant of its API key, with its weight and quotas.
 
-Keys come from two places: `--api-key` on the command line (a tenant each, named
-"key-" + a hash of the key, weight 1, no quotas) and the admin API (stored hashed in the
-registry, api_keys.py; a tenant may hold several, with the same weight, and each key has its
-own quotas). The server keeps them all in memory, so authenticating a request
-never touches the database: inference goes on while the registry is down. Once any key
-exists, inference needs one (or the admin token); requests with the admin token, or
-without a key while none exists, are the one unkeyed tenant. Every `refresh_seconds` the
-keys are read again, so a key made or revoked through another replica sharing the
-database takes effect here too.
+Keys come from `--api-key` on the command line (a tenant each, named "key-" + a hash of the key, weight 1, no quotas)
+and from the admin API (stored hashed in the registry, api_keys.py; a tenant may hold several, with one weight, each key
+with its own quotas). All are kept in memory, so authenticating never touches the database: inference goes on while the
+registry is down. Once any key exists, inference needs one (or the admin token); requests with the admin token, or
+without a key while none exists, are the one unkeyed tenant. Keys are read again every REFRESH_SECONDS, so one made or
+revoked through another replica sharing the database takes effect here too.
 """
 
 from __future__ import annotations
@@ -40,13 +37,9 @@ class TenantKey:
 
     @classmethod
     def of(cls, record: ApiKeyInfo) -> TenantKey:
+        quota = Quota(record.requests_per_minute, record.tokens_per_minute)
         allowed = None if record.allowed_models is None else frozenset(record.allowed_models)
-        return cls(
-            Tenant(record.tenant, record.weight),
-            Quota(record.requests_per_minute, record.tokens_per_minute),
-            allowed,
-            record,
-        )
+        return cls(Tenant(record.tenant, record.weight), quota, allowed, record)
 
     @property
     def quota_owner(self) -> str:
@@ -67,7 +60,7 @@ class Tenants:
         self._registry = registry
         self._calls = calls
         self._command_line = {
-            hash_key(key): TenantKey(Tenant("key-" + hash_key(key)[:12])) for key in command_line_keys
+            digest: TenantKey(Tenant("key-" + digest[:12])) for digest in map(hash_key, command_line_keys)
         }
         self._stored: dict[str, TenantKey] = {}  # by key hash: the admin API's keys
         self._changes = 0  # bumped by each change made here, so a refresh read before it is not applied
@@ -93,8 +86,7 @@ class Tenants:
 
     async def create(self, spec: KeySpec) -> tuple[ApiKeyInfo, str]:
         """A new key; 400 if the tenant's other keys have another weight (a tenant has one share)."""
-        weights = {r.weight for r in self.records() if r.tenant == spec.tenant} - {spec.weight}
-        if weights:
+        if weights := {r.weight for r in self.records() if r.tenant == spec.tenant} - {spec.weight}:
             raise InvalidRequestError(
                 "weight", f"tenant {spec.tenant!r} has weight {weights.pop():g} (its other keys'): give the same"
             )
@@ -121,8 +113,8 @@ class Tenants:
         self.quotas.charge_tokens(grant.quota_owner, grant.quota, tokens)
 
     async def refresh_forever(self, seconds: float = REFRESH_SECONDS) -> None:
-        """Pick up keys made or revoked by other replicas; a failed read keeps what is known. While the
-        registry is away nothing is read (each read would hold a registry thread until it answers)."""
+        """Pick up keys made or revoked by other replicas; a failed read keeps what is known. While the registry is away
+        nothing is read (each read would hold a registry thread until it answers)."""
         while True:
             await asyncio.sleep(seconds)
             if not self._calls.is_available:

@@ -1,9 +1,8 @@
 """Per-adapter usage counted in memory and written to the registry in the background.
 
-A finished request adds to its adapter's counts here (no database on the request path);
-`flush` hands what has gathered to the registry and puts it back if the write fails, so
-no count is lost while the process lives. One entry per adapter: the buffer is bounded
-by the adapters served, however many requests arrive while the database is away.
+A finished request adds to its adapter's counts here (no database on the request path); the flush hands what has
+gathered to the registry and puts it back if the write fails, so no count is lost while the process lives. One entry per
+adapter: the buffer is bounded by the adapters served, however many requests arrive while the database is away.
 """
 
 from __future__ import annotations

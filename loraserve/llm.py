@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
@@ -16,6 +16,7 @@ from loraserve.engine.chat import Conversation, chat_prompt_ids
 from loraserve.errors import InvalidRequestError
 
 Prompt = str | list[int]  # text, or token ids
+T = TypeVar("T")
 
 
 class LLM:
@@ -58,10 +59,10 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        adapters: Sequence[str | None] | None = None,
+        adapters: str | Sequence[str | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Complete every prompt (with `adapters[i]`, None = base model); outputs in the prompts' order."""
+        """Complete every prompt (with `adapters`: one for all or one per prompt, None = base model), in order."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)
         )
@@ -73,7 +74,7 @@ class LLM:
         conversations: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        adapters: Sequence[str | None] | None = None,
+        adapters: str | Sequence[str | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Answer each conversation, tokenized exactly as `apply_chat_template(..., tokenize=True)` does."""
@@ -90,16 +91,13 @@ class LLM:
         self,
         prompts: list[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-        adapters: Sequence[str | None] | None,
+        adapters: str | Sequence[str | None] | None,
         use_tqdm: bool,
     ) -> list[RequestOutput]:
-        params = _params_per_prompt(sampling_params, len(prompts))
-        if adapters is None:
-            adapters = [None] * len(prompts)
-        if len(adapters) != len(prompts):
-            raise InvalidRequestError(
-                "adapters", f"got {len(adapters)} for {len(prompts)} prompts; give one per prompt"
-            )
+        params = _per_prompt(
+            SamplingParams() if sampling_params is None else sampling_params, len(prompts), "sampling_params"
+        )
+        adapters = _per_prompt(adapters, len(prompts), "adapters")
         ids = [str(next(self._request_ids)) for _ in prompts]
         try:
             for request_id, prompt, p, adapter in zip(ids, prompts, params, adapters, strict=True):
@@ -118,15 +116,10 @@ class LLM:
         return [finished[request_id] for request_id in ids]
 
 
-def _params_per_prompt(
-    sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
-) -> list[SamplingParams]:
-    if sampling_params is None:
-        return [SamplingParams()] * num_prompts
-    if isinstance(sampling_params, SamplingParams):
-        return [sampling_params] * num_prompts
-    if len(sampling_params) != num_prompts:
-        raise InvalidRequestError(
-            "sampling_params", f"got {len(sampling_params)} for {num_prompts} prompts; give one or one per prompt"
-        )
-    return list(sampling_params)
+def _per_prompt(value: T | Sequence[T], num_prompts: int, field: str) -> list[T]:
+    """`value` for every prompt, or a sequence of one value per prompt."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        return [cast(T, value)] * num_prompts
+    if len(value) != num_prompts:
+        raise InvalidRequestError(field, f"got {len(value)} for {num_prompts} prompts; give one or one per prompt")
+    return list(value)

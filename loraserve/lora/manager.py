@@ -205,20 +205,15 @@ class AdapterManager:
 
     def wait_resident(self, name: str, timeout: float = 30) -> bool:
         """Until `name` is in a slot (True), or its load failed, found no room or `timeout` passed (False)."""
-        deadline = time.monotonic() + timeout
         with self._loaded:
             record = self._records.get(name)
-            while record is not None and record.state is S.LOADING and time.monotonic() < deadline:
-                self._loaded.wait(deadline - time.monotonic())
+            self._loaded.wait_for(lambda: record is None or record.state is not S.LOADING, timeout)
             return record is not None and record.state is S.ON_DEVICE
 
     def wait_idle(self, timeout: float = 30) -> bool:
         """Until no load is queued or running; True if so."""
-        deadline = time.monotonic() + timeout
         with self._loaded:
-            while self._pending and time.monotonic() < deadline:
-                self._loaded.wait(deadline - time.monotonic())
-            return not self._pending
+            return self._loaded.wait_for(lambda: not self._pending, timeout)
 
     def _start_load(self, record: AdapterRecord) -> Residency:
         """Reserve room and queue the copy; or, size unknown, queue the read that reserves after it."""

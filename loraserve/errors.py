@@ -44,7 +44,6 @@ class AdapterExistsError(LoraserveError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"adapter {name!r} already exists; delete it first or choose another name")
-        self.name = name
 
 
 class AdapterRetiringError(LoraserveError):
@@ -81,7 +80,6 @@ class AdapterNotFoundError(LoraserveError, LookupError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"no adapter named {name!r} is registered")
-        self.name = name
 
 
 class AdapterUnavailableError(LoraserveError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -59,12 +60,7 @@ def adapter_runs(lengths: list[int], slot_ids: list[int]) -> tuple[list[int], li
     Example: lengths [1, 1, 1, 3], slots [2, 2, -1, 2] -> ([2, 3, 6], [2, -1, 2])."""
     ends: list[int] = []
     slots: list[int] = []
-    row = 0
-    for length, slot in zip(lengths, slot_ids, strict=True):
-        row += length
-        if slots and slots[-1] == slot:
-            ends[-1] = row
-        else:
-            ends.append(row)
-            slots.append(slot)
+    for slot, run in itertools.groupby(zip(lengths, slot_ids, strict=True), key=lambda pair: pair[1]):
+        ends.append((ends[-1] if ends else 0) + sum(length for length, _ in run))
+        slots.append(slot)
     return ends, slots

@@ -179,18 +179,17 @@ class AdapterSlots:
         assert num_slabs <= len(pages) * pool.slabs_per_page, "reserved with another size"
         staging = torch.zeros(num_slabs, pool.slab_elems, dtype=pool.dtype)
         slab_ids = [pool.slab_id(pages[s // pool.slabs_per_page], s % pool.slabs_per_page) for s in range(num_slabs)]
-        tables = (
-            torch.full(self.a_rows[:, :, 0].shape, pool.zero_offset, dtype=torch.int64),
-            torch.full(self.b_rows[:, :, 0].shape, pool.zero_offset, dtype=torch.int64),
-        )
+        tables = torch.full((2, *self.a_rows[:, :, 0].shape), pool.zero_offset, dtype=torch.int64)  # A's, B^T's
         for placed in placements:
             block, width = placed.block, placed.block.rows.shape[1]
-            rows = block.rows[placed.first_row : placed.first_row + placed.num_rows]
-            staging[placed.slab, placed.start : placed.start + rows.numel()] = rows.reshape(-1)
+            placed_rows = slice(placed.first_row, placed.first_row + placed.num_rows)
+            staging[placed.slab, placed.start : placed.start + placed.num_rows * width] = block.rows[
+                placed_rows
+            ].flatten()
             first = slab_ids[placed.slab] * pool.slab_elems + placed.start
-            tables[block.matrix][
-                block.layer, block.projection, placed.first_row : placed.first_row + placed.num_rows
-            ] = torch.arange(placed.num_rows) * width + first
+            tables[block.matrix, block.layer, block.projection, placed_rows] = (
+                torch.arange(placed.num_rows) * width + first
+            )
         ranks = torch.zeros(self.ranks[:, :, 0].shape, dtype=torch.int32)
         scales = torch.zeros(self.scales[:, :, 0].shape, dtype=torch.float32)
         for (layer, projection), weights in adapter.weights.items():

@@ -41,10 +41,8 @@ class LLM:
         return self.engine.tokenizer
 
     def add_adapter(self, name: str, path: str | Path) -> None:
-        """Serve the PEFT adapter in directory `path`; requests name it in `adapters=`.
-
-        Any number may be added; `max_loras` bounds how many distinct ones run in one step.
-        """
+        """Serve the PEFT adapter in directory `path`; requests name it in `adapters=`. Any number may be
+        added; `max_loras` bounds how many distinct ones run in one step."""
         self.engine.add_adapter(name, path)
 
     def remove_adapter(self, name: str) -> None:

@@ -83,11 +83,8 @@ def read_adapter(
     config: AdapterConfig | None = None,
 ) -> LoraAdapter:
     """Read and validate the PEFT adapter in directory `path`; raises AdapterError naming the culprit.
-
-    `base_model_names`: names the served base model goes by; an adapter trained on a model
-    of another name is served with a warning (shapes are what must match). `config`: the
-    adapter's config already parsed (by adapter_sandbox.py, for files not yet trusted).
-    """
+    `base_model_names`: the served base model's names; an adapter trained on another name is served with
+    a warning (shapes are what must match). `config`: already parsed (adapter_sandbox.py, for uploads)."""
     config = config or parse_config(path, spec, max_rank, max_scale)
     weights_path = path / WEIGHTS_FILE
     if not weights_path.is_file():

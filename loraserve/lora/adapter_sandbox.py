@@ -43,9 +43,7 @@ def check_untrusted_adapter(
     path: Path, spec: LlamaSpec, max_rank: int, max_scale: float, limits: SandboxLimits = SandboxLimits()
 ) -> AdapterConfig:
     """Check the adapter in directory `path` in a child process; its parsed config, or AdapterError naming why not.
-
-    Blocks the calling thread (not the interpreter) while the child works.
-    """
+    Blocks the calling thread (not the interpreter) while the child works."""
     context = _context()
     receiver, sender = context.Pipe(duplex=False)
     files_bytes = sum(p.stat().st_size for p in path.iterdir() if p.is_file())

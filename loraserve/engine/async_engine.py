@@ -9,6 +9,7 @@ out before its next step, freeing the request's blocks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -24,6 +25,7 @@ from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
+from loraserve.engine.sequence import Request
 from loraserve.errors import EngineDeadError
 from loraserve.lora.adapter import LoraAdapter
 from loraserve.openmp import keep_serial
@@ -48,6 +50,10 @@ class AsyncLLMEngine:
 
     def __init__(self, engine: LLMEngine, on_death: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
+        # What the server reads of the engine, fixed for its life: routes never reach past this object into LLMEngine.
+        self.model_name: str = engine.loaded.name
+        self.tokenizer: PreTrainedTokenizerBase = engine.tokenizer
+        self.max_prompt_chars: int = engine.max_prompt_chars
         self.on_death = on_death  # called from the engine thread once the loop has stopped for good
         self._lock = threading.Lock()  # held for each step, add and abort
         self._has_work = threading.Event()
@@ -66,23 +72,10 @@ class AsyncLLMEngine:
         """Why the step loop stopped (only an unrecoverable error stops it); None while it runs."""
         return self._error
 
-    # What the server reads of the engine and asks of its adapters: routes never reach past this
-    # object into LLMEngine (the reads below are safe beside a running step).
-    @property
-    def model_name(self) -> str:
-        return self.engine.loaded.name
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        return self.engine.tokenizer
-
-    @property
-    def max_prompt_chars(self) -> int:
-        return self.engine.max_prompt_chars
-
+    # What the server asks of the engine's adapters (the reads below are safe beside a running step).
     def read_adapter(self, path: Path, trusted: bool = True) -> LoraAdapter:
         """Read and validate a PEFT directory; an untrusted one (an upload) in the sandbox."""
-        return self.engine.read_adapter(path) if trusted else self.engine.read_untrusted_adapter(path)
+        return self.engine.read_adapter(path, trusted)
 
     def register_adapter(
         self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
@@ -131,7 +124,10 @@ class AsyncLLMEngine:
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's output after every step that touched it, the last one finished."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        await self.offload(self._add, request_id, prompt, params, adapter, stream, priority, timeout, tenant)
+        add = functools.partial(
+            self.engine.add_request, params=params, adapter=adapter, priority=priority, timeout=timeout, tenant=tenant
+        )
+        await self.offload(self._add, request_id, prompt, stream, add)
         finished = False
         try:
             while not finished:
@@ -165,17 +161,8 @@ class AsyncLLMEngine:
             self._streams.pop(request_id, None)
             self.engine.abort_request(request_id)
 
-    def _add(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        adapter: str | None,
-        stream: _Stream,
-        priority: int,
-        timeout: float | None,
-        tenant: Tenant,
-    ) -> None:
+    def _add(self, request_id: str, prompt: str | list[int], stream: _Stream, add: Callable[..., Request]) -> None:
+        """`add(request_id, token_ids, text=...)` under the lock, with `stream` to receive the outputs."""
         keep_serial()
         # Tokenized before taking the lock: a long text must not hold back the steps.
         token_ids = self.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
@@ -183,10 +170,7 @@ class AsyncLLMEngine:
         with self._lock:
             if self._error is not None:
                 raise EngineDeadError(f"the engine stopped: {self._error}")
-            self.engine.add_request(
-                request_id, token_ids, params, adapter=adapter, text=text, priority=priority, timeout=timeout,
-                tenant=tenant,
-            )  # fmt: skip
+            add(request_id, token_ids, text=text)
             self._streams[request_id] = stream
         self._has_work.set()
 

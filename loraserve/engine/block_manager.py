@@ -60,10 +60,8 @@ class BlockManager:
         return new + (1 if self._shared_block_to_write(seq) is not None else 0)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, reserve: int = 0) -> bool:
-        """True when the blocks for `num_new_tokens` fit, leaving `reserve` blocks free.
-
-        Idle adapters are evicted for the room if that is what it takes.
-        """
+        """True when the blocks for `num_new_tokens` fit, leaving `reserve` blocks free; idle adapters
+        are evicted for the room if that is what it takes."""
         needed = self.num_blocks_needed(seq, num_new_tokens) + reserve
         if needed > self.pages.num_free and self._reclaim is not None:
             self._reclaim(needed - self.pages.num_free)
@@ -87,9 +85,7 @@ class BlockManager:
 
     def attach_cached_prefix(self, seq: Sequence) -> int:
         """Give a waiting sequence the cached blocks of its longest cached prefix; returns their tokens.
-
-        At least its last token is left to compute: that row's logits give the next token.
-        """
+        At least its last token is left to compute: that row's logits give the next token."""
         assert not seq.block_table, "the sequence holds blocks already"
         if self.prefix_cache is None:
             return 0

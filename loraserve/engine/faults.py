@@ -23,8 +23,6 @@ class FaultInjector:
     def check(self, batch: ScheduledBatch) -> None:
         if self.device_failure:
             raise torch.AcceleratorError("fault injected: the device failed")
-        if not self.failing_request_ids:
-            return
         for item in batch.scheduled:
             if item.seq.request.request_id in self.failing_request_ids:
                 raise InjectedFault(f"fault injected for request {item.seq.request.request_id!r}")

@@ -18,13 +18,12 @@ from loraserve.engine.model_runner import GraphSettings, ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
-from loraserve.engine.sequence import Request, Sequence, SequenceStatus
+from loraserve.engine.sequence import Request, Sequence
 from loraserve.engine.stats import EngineStats, LoadTimes, ResidentAdapter
 from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
-from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.adapter_sandbox import check_untrusted_adapter
 from loraserve.lora.adapter_state import AdapterSource, AdapterState
 from loraserve.lora.manager import AdapterManager
@@ -64,20 +63,17 @@ class LLMEngine:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.loaded.tokenizer
 
-    def read_adapter(self, path: str | Path, config: AdapterConfig | None = None) -> LoraAdapter:
-        """Read and validate a PEFT adapter directory against this base model; raises AdapterError."""
-        base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
-        spec, max_rank = self.loaded.model.spec, self.config.lora.max_lora_rank
-        return read_adapter(Path(path), spec, max_rank, base_names, largest_finite(self.loaded.dtype), config)
+    def read_adapter(self, path: str | Path, trusted: bool = True) -> LoraAdapter:
+        """Read and validate a PEFT adapter directory against this base model; raises AdapterError.
 
-    def read_untrusted_adapter(self, path: Path) -> LoraAdapter:
-        """`read_adapter` for files not trusted yet (uploads): parsed in a child process first (adapter_sandbox.py).
-
+        Files not trusted yet (uploads) are parsed in a child process first (adapter_sandbox.py).
         Touches no engine state: call it from any thread, without the engine's lock.
         """
-        spec, max_rank = self.loaded.model.spec, self.config.lora.max_lora_rank
-        config = check_untrusted_adapter(path, spec, max_rank, largest_finite(self.loaded.dtype))
-        return self.read_adapter(path, config)
+        path, spec, max_rank = Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank
+        max_value = largest_finite(self.loaded.dtype)
+        config = None if trusted else check_untrusted_adapter(path, spec, max_rank, max_value)
+        base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
+        return read_adapter(path, spec, max_rank, base_names, max_value, config)
 
     def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
         """Read, validate and serve the PEFT adapter in `path` under `name` (a slot at its first request);
@@ -105,12 +101,9 @@ class LLMEngine:
         return [record.name for record in self.adapters.records() if not record.draining]
 
     def tokenize(self, text: str) -> list[int]:
-        """`tokenizer(text)`'s ids; a text that no tokenization fits in the context window is refused first.
-
-        A token covers at most `longest token` characters, so a text longer than the window
-        times that needs more tokens than the window holds: refused without the work (an
-        8 MiB body would take seconds to tokenize).
-        """
+        """`tokenizer(text)`'s ids; a text that no tokenization fits in the context window is refused first:
+        a token covers at most `longest token` characters, so a text longer than the window times that is
+        refused without the work (an 8 MiB body would take seconds to tokenize)."""
         if len(text) > self.max_prompt_chars:
             raise InvalidRequestError(
                 "prompt",
@@ -170,7 +163,7 @@ class LLMEngine:
             self._forget_retired_adapters()
 
     def stats(self) -> EngineStats:
-        adapters, records = self.adapters, self.adapters.records()
+        adapters, records, history = self.adapters, self.adapters.records(), self.adapters.stats
         device = [
             ResidentAdapter(r.name, r.slot, r.rank, r.num_bytes, adapters.pages_of(r.name), r.pinned)
             for r in sorted(records, key=lambda r: r.slot)
@@ -193,13 +186,11 @@ class LLMEngine:
             host_adapters=[r.name for r in records if r.state is AdapterState.ON_HOST],
             host_cache_bytes=adapters.host.num_bytes,
             host_cache_capacity_bytes=adapters.host.capacity_bytes,
-            adapter_disk_reads=adapters.stats.disk_reads,
-            adapter_loads=adapters.stats.loads,
-            adapter_evictions=adapters.stats.evictions,
-            adapter_load_seconds_total=adapters.stats.load_seconds_total,
-            adapter_load_seconds=LoadTimes(
-                LATENCY_BUCKETS, tuple(adapters.stats.load_counts), adapters.stats.load_seconds_total
-            ),
+            adapter_disk_reads=history.disk_reads,
+            adapter_loads=history.loads,
+            adapter_evictions=history.evictions,
+            adapter_load_seconds_total=history.load_seconds_total,
+            adapter_load_seconds=LoadTimes(LATENCY_BUCKETS, tuple(history.load_counts), history.load_seconds_total),
             running_sequences=len(self.scheduler.running),
             waiting_sequences=len(self.scheduler.waiting),
             running_requests=len({seq.request for seq in self.scheduler.running}),
@@ -266,29 +257,23 @@ class LLMEngine:
         return self.scheduler.postprocess(ran.batch, ran.output)
 
     def _forget_retired_adapters(self) -> None:
-        draining = self.adapters.draining()
-        if draining:
+        if draining := self.adapters.draining():
             in_use = {request.adapter for request in self._requests.values()}
             for name in draining:
                 if name not in in_use:
                     self.adapters.unregister(name)
 
     def request_output(self, request: Request) -> RequestOutput:
-        seqs = sorted(request.seqs, key=lambda s: s.index)
         completions = [
             CompletionOutput(
                 index=seq.index,
-                text=(
-                    self.stop_checker.final_text(seq)
-                    if seq.status is SequenceStatus.FINISHED
-                    else self.stop_checker.streamable_text(seq)
-                ),
+                text=self.stop_checker.text(seq),
                 token_ids=seq.output_token_ids,
                 finish_reason=seq.finish_reason,
                 logprobs=list(seq.logprobs) if request.params.logprobs is not None else None,
                 stop_reason=seq.stop_reason,
             )
-            for seq in seqs
+            for seq in sorted(request.seqs, key=lambda s: s.index)
         ]
         return RequestOutput(
             request_id=request.request_id,
@@ -320,10 +305,9 @@ class LLMEngine:
                 "leaving no room for a new token",
             )
         vocab = self.loaded.model.spec.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab})")
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids", f"token ids must be in [0, {vocab})")
+        for field, ids in (("prompt", token_ids), ("stop_token_ids", params.stop_token_ids)):
+            if any(not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError(field, f"token ids must be in [0, {vocab})")
         # The n completions share the prompt's full blocks; each needs the rest of its own.
         longest = min(len(token_ids) + params.max_tokens, self.max_model_len)
         shared = len(token_ids) // self.block_manager.block_size

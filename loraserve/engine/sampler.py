@@ -97,8 +97,7 @@ class Sampler:
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
     """Keep each row's top_k most likely tokens, then the smallest set whose mass reaches top_p."""
-    vocab = logits.shape[1]
-    device = logits.device
+    vocab, device = logits.shape[1], logits.device
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=device).unsqueeze(1)
     ranks = torch.arange(vocab, device=device).unsqueeze(0)

@@ -43,9 +43,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = _list_of(self.stop, "stop", "stop strings", MAX_STOP_STRINGS)
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop  # one string, as OpenAI allows, or a list
+        self.stop = _list_of(stops, "stop", "stop strings", MAX_STOP_STRINGS)
         self.stop_token_ids = _list_of(self.stop_token_ids, "stop_token_ids", "token ids", MAX_STOP_TOKEN_IDS)
         if self.top_k == -1:
             self.top_k = 0

@@ -100,11 +100,8 @@ class Scheduler:
             pending_forks=request.params.n - 1,
         )
         request.seqs.append(seq)
-        behind = next((i for i, other in enumerate(self.waiting) if other.request.priority > request.priority), None)
-        if behind is None:
-            self.waiting.append(seq)
-        else:
-            self.waiting.insert(behind, seq)
+        behind = (i for i, other in enumerate(self.waiting) if other.request.priority > request.priority)
+        self.waiting.insert(next(behind, len(self.waiting)), seq)
 
     def predicted_queue_seconds(self) -> float:
         """How long a new request of no prompt would wait for its first step now (for routers' metrics)."""
@@ -193,11 +190,11 @@ class Scheduler:
             seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
-                self._unadmit(seq)
+                self._release(seq)
                 return None
             copies += self.block_manager.allocate(seq, num_new)
         except BaseException:
-            self._unadmit(seq)
+            self._release(seq)  # undo the half-done admission
             raise
         self.prefix_cache_queried_tokens += seq.num_tokens
         self.prefix_cache_hit_tokens += seq.num_computed_tokens
@@ -289,12 +286,11 @@ class Scheduler:
         now = self.clock()
         pending = [seq for seq in self.waiting if seq.request not in self._failing]
         for request in list(self.admission.late_requests(now, self.running, pending)):
-            retry_after = self.predicted_queue_seconds()
             self._failing[request] = RequestError(
                 OVERLOADED,
                 f"the server is at capacity: waited {now - request.arrival_time:.1f} s and its first token would "
                 f"come past the {self.config.ttft_slo:g} s target; retry later or elsewhere",
-                retry_after,
+                self.predicted_queue_seconds(),
             )
 
     def _fail_after_step(self, seq: Sequence, error: Exception) -> None:
@@ -302,8 +298,8 @@ class Scheduler:
         logger.exception("scheduling request %r failed", seq.request.request_id)
         self._failing[seq.request] = RequestError(STEP_FAILED, f"scheduling it failed: {error!r}")
 
-    def _unadmit(self, seq: Sequence) -> None:
-        """Undo a half-done `_admit`: its blocks and its hold on the adapter go back."""
+    def _release(self, seq: Sequence) -> None:
+        """The sequence's blocks and its hold on the adapter go back; it starts over from its first token."""
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         if seq.request.adapter is not None:
@@ -333,30 +329,16 @@ class Scheduler:
         return list(touched.values())
 
     def take_failed(self) -> list[Request]:
-        """Requests ended with an error since the last call, the ones `schedule` found failing included.
-
-        Call it after the step: a failing request may have siblings (n > 1) in the step just
-        scheduled, whose blocks must stay theirs until it has run.
-        """
+        """Requests ended with an error since the last call, the ones `schedule` found failing included. Call
+        it after the step: a failing request's siblings (n > 1) in the step must keep their blocks until it has run."""
         for request, error in self._failing.items():
             self.fail_request(request, error)
         self._failing.clear()
         failed, self._failed = self._failed, []
         return failed
 
-    def abort(self, request: Request) -> None:
-        """Stop every sequence of the request now and free its blocks."""
-        self._end(request, "abort")
-
-    def fail_request(self, request: Request, error: RequestError) -> None:
-        """End every sequence of the request with finish_reason "error"; `take_failed` reports it once."""
-        if request.is_finished:
-            return
-        request.error = error
-        self._end(request, "error")
-        self._failed.append(request)
-
-    def _end(self, request: Request, reason: str) -> None:
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Stop every sequence of the request now with finish_reason `reason` and free its blocks."""
         now = self.clock()
         for seq in request.seqs:
             seq.pending_forks = 0
@@ -364,6 +346,14 @@ class Scheduler:
                 self.waiting.remove(seq)
             if seq.status is not SequenceStatus.FINISHED:
                 self._finish(seq, reason, now)
+
+    def fail_request(self, request: Request, error: RequestError) -> None:
+        """End every sequence of the request with finish_reason "error"; `take_failed` reports it once."""
+        if request.is_finished:
+            return
+        request.error = error
+        self.abort(request, "error")
+        self._failed.append(request)
 
     def _build_batch(self, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy]) -> ScheduledBatch:
         decodes: list[ScheduledSequence] = []
@@ -391,9 +381,7 @@ class Scheduler:
         return forks
 
     def _preempt(self, seq: Sequence) -> None:
-        self._stop_running(seq)
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
+        self._release(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -404,10 +392,7 @@ class Scheduler:
         self.block_manager.free(seq)
         if seq in self.running:
             self.running.remove(seq)
-            self._stop_running(seq)
+            if seq.request.adapter is not None:
+                self.adapters.release(seq.request.adapter)
         if seq.request.is_finished:
             seq.request.finished_time = now
-
-    def _stop_running(self, seq: Sequence) -> None:
-        if seq.request.adapter is not None:
-            self.adapters.release(seq.request.adapter)

@@ -128,9 +128,7 @@ def json_view(stats: EngineStats) -> dict[str, Any]:
         for parent in parents:
             node = node.setdefault(parent, {})
         value = getattr(stats, definition.name)
-        node[leaf] = [_plain(item) for item in value] if isinstance(value, list) else value
+        if isinstance(value, list):  # of records (ResidentAdapter) or names
+            value = [asdict(item) if is_dataclass(item) and not isinstance(item, type) else item for item in value]
+        node[leaf] = value
     return view
-
-
-def _plain(item: object) -> object:
-    return asdict(item) if is_dataclass(item) and not isinstance(item, type) else item

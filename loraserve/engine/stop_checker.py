@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 from loraserve.engine.detokenizer import IncrementalDetokenizer
-from loraserve.engine.sequence import Sequence
+from loraserve.engine.sequence import Sequence, SequenceStatus
 
 
 class StopChecker:
@@ -36,19 +36,16 @@ class StopChecker:
             return "length"
         return None
 
-    def final_text(self, seq: Sequence) -> str:
-        """The finished sequence's text: exactly what decoding its tokens gives, unless cut at a stop string."""
-        if isinstance(seq.stop_reason, str):
-            return seq.output_text
-        return self._decode(seq)
+    def text(self, seq: Sequence) -> str:
+        """The text to report. Finished: exactly what decoding its tokens gives, unless cut at a stop string.
 
-    @staticmethod
-    def streamable_text(seq: Sequence) -> str:
-        """A running sequence's text minus a tail that may be the start of a stop string.
-
-        Streaming "EN" and then finding the stop string "END" would show text that the
-        final answer does not contain, so such a tail waits for the next token.
+        Running: without a tail that may be the start of a stop string (streaming "EN" and then finding
+        the stop string "END" would show text that the final answer does not contain).
         """
+        if seq.status is SequenceStatus.FINISHED:
+            if isinstance(seq.stop_reason, str):
+                return seq.output_text
+            return str(self._tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
         text = seq.output_text
         for stop in seq.params.stop:
             for length in range(min(len(stop) - 1, len(text)), 0, -1):
@@ -56,9 +53,6 @@ class StopChecker:
                     text = text[:-length]
                     break
         return text
-
-    def _decode(self, seq: Sequence) -> str:
-        return str(self._tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
 
     @staticmethod
     def _truncate_at_stop_string(seq: Sequence, delta_len: int) -> bool:

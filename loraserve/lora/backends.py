@@ -37,13 +37,11 @@ class LoraBackend(Protocol):
 
     def plan(self, slots: AdapterSlots, lengths: list[int], slot_ids: list[int]) -> object:
         """What `add` needs of this step's rows, worked out once per step (not per layer)."""
-        ...
 
     def add(
         self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor
     ) -> None:
         """out [T, widths] += LoRA(x [T, in_features]) of `projections`, side by side in `out`."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser, config: type, names: tup
         kind = next(t for t in (*get_args(hints[definition.name]), hints[definition.name]) if t is not type(None))
         default = env(meta["env"], definition.default) if meta["env"] else definition.default
         how = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind, "choices": meta["choices"]}
-        parser.add_argument(flag_of(definition.name), default=default, help=meta["help"], **how)
+        help_text = meta["help"] + (f" (env {meta['env']})" if meta["env"] else "")
+        parser.add_argument(flag_of(definition.name), default=default, help=help_text, **how)
 
 
 def _settings(args: argparse.Namespace, config: type) -> dict[str, Any]:
@@ -66,10 +67,6 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=env("LORASERVE_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(env("LORASERVE_PORT", "8000")))
     _add_registry_flags(parser)
-    parser.add_argument(
-        "--admin-token", default=env("LORASERVE_ADMIN_TOKEN"),
-        help="bearer token of the admin API (env LORASERVE_ADMIN_TOKEN; default: a new one, printed at start)",
-    )  # fmt: skip
     _add_setting_flags(parser, ServerConfig)
     parser.add_argument(
         "--api-key", action="append", default=[k for k in env("LORASERVE_API_KEYS", "").split(",") if k],
@@ -91,7 +88,7 @@ def _serve(args: argparse.Namespace) -> None:
     from loraserve.server.process import run_server
 
     config = ServerConfig(
-        **_settings(args, ServerConfig), data_dir=args.data_dir, db_url=args.db, admin_token=args.admin_token,
+        **_settings(args, ServerConfig), data_dir=args.data_dir, db_url=args.db,
         api_keys=frozenset(args.api_key), register_samples=not args.no_samples,
     )  # fmt: skip
     # The engine thread will be the only one computing in parallel: the model loads with every

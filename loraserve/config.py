@@ -196,7 +196,9 @@ class ServerConfig(Settings):
 
     data_dir: Path = field(default_factory=default_data_dir)
     db_url: str | None = None  # None = SQLite in data_dir
-    admin_token: str | None = None  # None = a random one, printed once at start
+    admin_token: str | None = setting(
+        None, "bearer token of the admin API (default: a new one, printed at start)", env="LORASERVE_ADMIN_TOKEN"
+    )
     api_keys: frozenset[str] = frozenset()  # inference needs a key once any exists (these or the admin API's)
     max_body_bytes: int = setting(8 << 20, "largest request body but an upload", minimum=1)
     max_upload_bytes: int = setting(1 << 30, "largest adapter upload, archive included", minimum=1)

@@ -23,8 +23,7 @@ class AdminClient:
     def upload(self, name: str, path: Path, system_prompt: str | None, description: str | None) -> dict[str, Any]:
         """Upload a PEFT directory (its two files) or an archive of one."""
         files = [path / CONFIG_FILE, path / WEIGHTS_FILE] if path.is_dir() else [path]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
+        if missing := [str(f) for f in files if not f.is_file()]:
             raise LoraserveError(f"not found: {', '.join(missing)}")
         fields = {"name": name, "system_prompt": system_prompt, "description": description}
         with ExitStack() as stack:

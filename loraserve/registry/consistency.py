@@ -46,10 +46,8 @@ def check_registry(registry: Registry, repair: bool, min_orphan_age: float = 0.0
     adapters = registry.verify_all()  # marks adapters whose files are missing or changed failed
     named = {info.sha256 for info in adapters}
     orphans = [sha256 for sha256 in registry.store.stored() if sha256 not in named]
-    report = ConsistencyReport(orphans=orphans, adapters=adapters)
-    for info in adapters:
-        if info.status is AdapterStatus.FAILED and info.status_reason:
-            report.failed[info.name] = info.status_reason
+    failed = {a.name: a.status_reason for a in adapters if a.status is AdapterStatus.FAILED and a.status_reason}
+    report = ConsistencyReport(orphans=orphans, failed=failed, adapters=adapters)
     for sha256 in orphans:
         if repair and registry.store.age_seconds(sha256) >= min_orphan_age:
             registry.store.remove(sha256)

@@ -55,10 +55,9 @@ class FileStore:
                 crash_point("store.copying")
             _fsync_dir(staging)
             crash_point("store.staged")
-            if digest.hexdigest() != sha256:
+            if (actual := digest.hexdigest()) != sha256:
                 raise AdapterError(
-                    "files",
-                    f"changed in {source_dir} while being stored: sha256 {digest.hexdigest()}, read as {sha256}",
+                    "files", f"changed in {source_dir} while being stored: sha256 {actual}, read as {sha256}"
                 )
             if final.exists():
                 if self.verify(sha256) is None:  # another thread stored the same content meanwhile

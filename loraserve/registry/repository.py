@@ -86,8 +86,7 @@ class Registry:
         return self._engine.dialect.name == "postgresql"
 
     def follow(self, deliver: Callable[[str | None], None], stop: threading.Event) -> None:
-        """`deliver(name)` for each adapter any server changes, `deliver(None)` for "look at all"; blocks until
-        `stop`."""
+        """`deliver(name)` per adapter any server changes, `deliver(None)` for "look at all"; blocks until `stop`."""
         listen(self._unmasked_url, deliver, stop)
 
     def create(
@@ -198,10 +197,7 @@ class Registry:
         """Re-hash every ready adapter's stored files, mark those missing or changed failed; returns all adapters."""
         verify = functools.cache(self.store.verify)  # once per shared directory
         for info in self.list():
-            if info.status is not AdapterStatus.READY:
-                continue
-            reason = verify(info.sha256)
-            if reason is not None:
+            if info.status is AdapterStatus.READY and (reason := verify(info.sha256)) is not None:
                 logger.warning("adapter %r marked failed: %s", info.name, reason)
                 with contextlib.suppress(AdapterNotFoundError):  # deleted meanwhile
                     self.mark_failed(info.name, reason)

@@ -188,15 +188,13 @@ def _unpack_upload(uploads: list[UploadFile], scratch: Path, max_unpacked_bytes:
     for name in names:
         if name in PICKLE_FILES or name.endswith(_PICKLE_SUFFIXES):
             raise AdapterError(name, "is a pickle file and is never loaded; only safetensors are accepted")
-    archives = [u for u, n in zip(uploads, names, strict=True) if n.endswith(SUFFIXES)]
-    if archives:
+    if archives := [u for u, n in zip(uploads, names, strict=True) if n.endswith(SUFFIXES)]:
         if len(uploads) != 1:
             raise AdapterError("files", "send one archive alone, or the PEFT files without an archive")
         archive = scratch / names[0]
         _save(archives[0], archive)
         return extract_adapter_archive(archive, scratch / "adapter", max_unpacked_bytes)
-    unexpected = sorted(set(names) - {CONFIG_FILE, WEIGHTS_FILE})
-    if unexpected:
+    if unexpected := sorted(set(names) - {CONFIG_FILE, WEIGHTS_FILE}):
         raise AdapterError("files", f"unexpected file {unexpected[0]!r}; send {CONFIG_FILE} and {WEIGHTS_FILE}")
     for upload, name in zip(uploads, names, strict=True):
         _save(upload, scratch / name)

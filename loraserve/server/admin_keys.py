@@ -42,10 +42,9 @@ class KeyRequest(BaseModel):
 @router.post("/admin/keys", status_code=201, response_model=NewKey)
 async def create_key(body: KeyRequest, request: Request) -> JSONResponse:
     allowed = body.allowed_models
-    if allowed is not None:
-        for index, model in enumerate(allowed):
-            if not is_valid_name(model):
-                raise InvalidRequestError(f"allowed_models.{index}", f"{model[:64]!r} is not a model id")
+    for index, model in enumerate(allowed or []):
+        if not is_valid_name(model):
+            raise InvalidRequestError(f"allowed_models.{index}", f"{model[:64]!r} is not a model id")
     unique = None if allowed is None else tuple(dict.fromkeys(allowed))
     spec = KeySpec(**body.model_dump(exclude={"allowed_models"}), allowed_models=unique)
     record, key = await server_state(request).tenants.create(spec)

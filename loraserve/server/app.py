@@ -48,7 +48,6 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     admin.remove_stale_uploads(config.data_dir, config.orphan_grace)
     tenants = Tenants(registry, calls, config.api_keys)
     tenants.load()
-    metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -76,7 +75,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     app.state.loraserve = ServerState(
         engine=engine,
         catalog=catalog,
-        metrics=metrics,
+        metrics=Metrics(),
         tenants=tenants,
         config=config,
         admin_token=config.admin_token or secrets.token_urlsafe(32),

@@ -23,7 +23,6 @@ from loraserve.crash_points import crash_point
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.errors import (
     AdapterError,
-    AdapterExistsError,
     AdapterRetiringError,
     RegistryUnavailableError,
     UnknownAdapterError,
@@ -99,9 +98,7 @@ class AdapterCatalog:
         adapter = await asyncio.to_thread(self.engine.read_adapter, source_dir, False)
         crash_point("upload.validated")
 
-        async def change() -> AdapterInfo:
-            if await self.calls(f"read adapter {name!r}", self.registry.get, name, wait=True) is not None:
-                raise AdapterExistsError(name)
+        async def change() -> AdapterInfo:  # AdapterExistsError (409) from `create` if the name is taken
             info = await self.calls(
                 f"register adapter {name!r}", self.registry.create, name, source_dir, adapter, self.base_model,
                 system_prompt, description, wait=True,

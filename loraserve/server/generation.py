@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,19 +63,14 @@ class Scheduling:
             raise InvalidRequestError("priority", f"must be an integer in int64, got {priority!r}")
         field = "timeout"
         if timeout is None and "x-request-timeout" in http.headers:
-            field, timeout = "X-Request-Timeout", _number(http.headers["x-request-timeout"])
+            field, timeout = "X-Request-Timeout", http.headers["x-request-timeout"]
+            with suppress(ValueError):  # else refused below, as the text it is
+                timeout = float(timeout)
         if timeout is None:
             return cls(priority, None, grant_of(http))
         if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
             raise InvalidRequestError(field, f"must be a positive number of seconds, got {timeout!r}")
         return cls(priority, float(timeout), grant_of(http))
-
-
-def _number(text: str) -> float | str:
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 async def generate(
@@ -86,9 +81,8 @@ async def generate(
     adapter_info: AdapterInfo | None,
     scheduling: Scheduling,
 ) -> AsyncIterator[RequestOutput]:
-    """The engine's stream for one request, aborted when the client goes away; counted when finished. Refused first when
-    the API key may not use the model (403) or its quota is spent (429); its tokens are charged to the quota however it
-    ends."""
+    """The engine's stream for one request, aborted when the client goes away; counted when finished. Refused first if
+    the key may not use the model (403) or its quota is spent (429); the quota is charged its tokens however it ends."""
     state = server_state(http)
     adapter = adapter_info.name if adapter_info else None
     grant, tenant = scheduling.grant, scheduling.grant.tenant

@@ -67,8 +67,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         raise InvalidRequestError("top_logprobs", "needs logprobs: true (as in OpenAI's API)")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     max_tokens_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens: int | None = getattr(body, max_tokens_field)
     with fields_named({"max_tokens": max_tokens_field, "logprobs": "top_logprobs", "prompt": "messages"}):
-        params = body.sampling_params(body.effective_max_tokens(DEFAULT_CHAT_MAX_TOKENS), logprobs)
+        params = body.sampling_params(DEFAULT_CHAT_MAX_TOKENS if max_tokens is None else max_tokens, logprobs)
         if sum(len(message.content) for message in body.messages) > state.engine.max_prompt_chars:
             raise InvalidRequestError("messages", "hold more text than the context window can take in any tokenization")
         conversation = [message.model_dump() for message in body.messages]
@@ -155,8 +156,7 @@ def _event(payload: BaseModel) -> str:
 
 
 def _usage(output: RequestOutput) -> CompletionUsage:
-    completion_tokens = sum(len(c.token_ids) for c in output.outputs)
-    prompt_tokens = len(output.prompt_token_ids)
+    prompt_tokens, completion_tokens = len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs)
     return CompletionUsage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -230,19 +230,12 @@ class _ChatFormat(_Format):
         )
 
     def choice(self, completion: CompletionOutput, is_chunk: bool) -> Choice | ChunkChoice:
+        shared: dict[str, Any] = {"index": completion.index, "finish_reason": completion.finish_reason}
         if is_chunk:
-            return ChunkChoice(
-                index=completion.index,
-                delta=ChoiceDelta(content=completion.text) if completion.text else ChoiceDelta(),
-                logprobs=self._logprobs(ChunkLogprobs, completion.logprobs),
-                finish_reason=completion.finish_reason,  # type: ignore[arg-type]
-            )
-        return Choice(
-            index=completion.index,
-            message=ChatCompletionMessage(role="assistant", content=completion.text),
-            logprobs=self._logprobs(ChoiceLogprobs, completion.logprobs),
-            finish_reason=completion.finish_reason,  # type: ignore[arg-type]
-        )
+            delta = ChoiceDelta(content=completion.text) if completion.text else ChoiceDelta()
+            return ChunkChoice(**shared, delta=delta, logprobs=self._logprobs(ChunkLogprobs, completion.logprobs))
+        message = ChatCompletionMessage(role="assistant", content=completion.text)
+        return Choice(**shared, message=message, logprobs=self._logprobs(ChoiceLogprobs, completion.logprobs))
 
     def _logprobs(self, kind: type[T], logprobs: list[TokenLogprob] | None) -> T | None:
         return None if logprobs is None else kind(content=[self._entry(e.token_id, e.logprob, e.top) for e in logprobs])

@@ -19,9 +19,7 @@ def run_server(
 
     On SIGTERM or Ctrl-C no new connection is accepted and the requests running finish (streams included: the engine
     runs until they are done) for at most `drain_timeout` seconds, then are cut off. A server whose engine died answers
-    nothing useful: exiting non-zero lets systemd, Kubernetes or Ray start a fresh one; otherwise it stays up and
-    /health says 503.
-    """
+    nothing useful: exiting non-zero lets systemd, Kubernetes or Ray start a new one; else it stays up, /health 503."""
     config = uvicorn.Config(
         app,
         host=host,

@@ -38,9 +38,8 @@ class RegistryCalls:
         self._probe: asyncio.Future[Any] | None = None
 
     async def __call__(self, action: str, function: Callable[..., T], *args: Any, wait: bool = False) -> T:
-        """`function(*args)` on a registry thread; RegistryUnavailableError past `timeout` unless `wait` (for background
-        work: usage counts, changes that must complete once started). `action` says what it does ("list adapters"), for
-        the error."""
+        """`function(*args)` on a registry thread; RegistryUnavailableError naming `action` ("list adapters") past
+        `timeout` unless `wait` (for background work: usage counts, changes that must complete once started)."""
         future = self._start(function, *args)
         try:
             return await self._wait(action, future, None if wait else self.timeout)
@@ -73,7 +72,8 @@ class RegistryCalls:
             await self._slots.acquire()
             threading.Thread(target=run, name="loraserve-registry", daemon=True).start()
 
-        future.add_done_callback(_retrieve)
+        # An exception nobody waits for any more is marked seen (asyncio would log it as lost).
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
         starting = asyncio.ensure_future(when_a_slot_is_free())
         future.add_done_callback(lambda _: starting.cancel())  # cancelled before a slot came: never run it
         return future
@@ -94,13 +94,7 @@ class RegistryCalls:
             ) from None
 
     def _note(self, value: Any, answered: bool = True) -> None:
-        available = answered and not (isinstance(value, RegistryError))
+        available = answered and not isinstance(value, RegistryError)
         if available != self.is_available:
             logger.warning("registry %s", "available again" if available else f"unavailable: {value or 'no answer'}")
         self.is_available = available
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Mark an exception nobody waits for any more as seen (asyncio would log it as lost)."""
-    if not future.cancelled():
-        future.exception()

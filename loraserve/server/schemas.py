@@ -74,11 +74,6 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
 
-    def effective_max_tokens(self, default: int) -> int:
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens if self.max_tokens is not None else default
-
 
 class ModelCard(BaseModel):
     id: str

@@ -159,10 +159,8 @@ class AdapterManager:
                 record.running += 1
                 record.last_used = next(self._clock)
                 return Residency.READY
-            if record.state is S.FAILED:
-                return Residency.FAILED
-            if record.state is S.LOADING:
-                return Residency.LOADING
+            if record.state in (S.FAILED, S.LOADING):
+                return Residency.FAILED if record.state is S.FAILED else Residency.LOADING
             return self._start_load(record)
 
     def pages_of(self, name: str) -> int:
@@ -177,10 +175,9 @@ class AdapterManager:
     def drain_candidate(self) -> str | None:
         """The unpinned resident adapter that frees its slot soonest: fewest running sequences, then LRU."""
         with self._lock:
-            candidates = [r for r in self._resident.values() if not r.pinned]
-            if not candidates:
-                return None
-            return min(candidates, key=lambda r: (r.running, r.last_used)).name
+            candidates = (r for r in self._resident.values() if not r.pinned)
+            best = min(candidates, key=lambda r: (r.running, r.last_used), default=None)
+            return None if best is None else best.name
 
     def set_pinned(self, name: str, pinned: bool) -> None:
         """Pinned: kept in a slot from now on, loaded now if a slot can be had, never evicted."""
@@ -245,10 +242,8 @@ class AdapterManager:
         return True
 
     def reclaim_pages(self, count: int) -> None:
-        """The KV side is `count` pages short: evict idle adapters, least recently used first.
-
-        Nothing is evicted when all of them together would not free enough.
-        """
+        """The KV side is `count` pages short: evict idle adapters, least recently used first; none when
+        all of them together would not free enough."""
         with self._lock:
             idle = self._idle()
             if sum(self.slots.pages_of(r.slot) for r in idle) < count:

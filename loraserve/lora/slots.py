@@ -88,21 +88,14 @@ class AdapterSlots:
         shape = (spec.num_layers, len(PROJECTIONS), num_slots)
         device = pool.buffer.device
         # Row tables [layers, projections, slots, max_rank] and per-slot ranks and scales.
-        self.a_rows = torch.full((*shape, max_rank), pool.zero_offset, dtype=torch.int64, device=device)
-        self.b_rows = torch.full((*shape, max_rank), pool.zero_offset, dtype=torch.int64, device=device)
+        self.a_rows, self.b_rows = (
+            torch.full((*shape, max_rank), pool.zero_offset, dtype=torch.int64, device=device) for _ in range(2)
+        )
         self.ranks = torch.zeros(shape, dtype=torch.int32, device=device)
         self.scales = torch.zeros(shape, dtype=torch.float32, device=device)
+        tables = (self.a_rows, self.b_rows, self.ranks, self.scales)
         self.layers: list[LayerLora] = [
-            {
-                name: PooledLora(
-                    pool.buffer,
-                    self.a_rows[layer, p],
-                    self.b_rows[layer, p],
-                    self.ranks[layer, p],
-                    self.scales[layer, p],
-                )
-                for p, name in enumerate(PROJECTIONS)
-            }
+            {name: PooledLora(pool.buffer, *(t[layer, p] for t in tables)) for p, name in enumerate(PROJECTIONS)}
             for layer in range(spec.num_layers)
         ]
         self._taken: dict[int, list[int]] = {}  # slot -> its pages: reserved for a load in flight, or loaded
@@ -183,9 +176,8 @@ class AdapterSlots:
         for placed in placements:
             block, width = placed.block, placed.block.rows.shape[1]
             placed_rows = slice(placed.first_row, placed.first_row + placed.num_rows)
-            staging[placed.slab, placed.start : placed.start + placed.num_rows * width] = block.rows[
-                placed_rows
-            ].flatten()
+            rows = block.rows[placed_rows].flatten()
+            staging[placed.slab, placed.start : placed.start + rows.numel()] = rows
             first = slab_ids[placed.slab] * pool.slab_elems + placed.start
             tables[block.matrix, block.layer, block.projection, placed_rows] = (
                 torch.arange(placed.num_rows) * width + first
@@ -193,8 +185,8 @@ class AdapterSlots:
         ranks = torch.zeros(self.ranks[:, :, 0].shape, dtype=torch.int32)
         scales = torch.zeros(self.scales[:, :, 0].shape, dtype=torch.float32)
         for (layer, projection), weights in adapter.weights.items():
-            ranks[layer, PROJECTIONS.index(projection)] = weights.rank
-            scales[layer, PROJECTIONS.index(projection)] = weights.scale
+            index = layer, PROJECTIONS.index(projection)
+            ranks[index], scales[index] = weights.rank, weights.scale
         slab_index = torch.tensor(slab_ids, dtype=torch.long)
         device = self.a_rows.device
         # CUDA: from pinned memory on a side stream, so the step loop's stream never waits on it

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu_session.sh SOURCE_DIR OUT_DIR [STAGE...]
 #
-# STAGE: tests, decode, kernels, sweep, engine (default: all, in that order); the random-weight
+# STAGE: tests, decode, profile, kernels, sweep, engine (default: all, in that order); the random-weight
 # models they need are made first, once per machine. A lease's command runs at most 10 minutes,
 # so a session runs the stages over two calls on the warm machine, for example `tests decode`
 # then `kernels sweep engine`.
@@ -15,7 +15,7 @@ set -u
 SOURCE=$1
 OUT=$2
 shift 2
-STAGES=${*:-tests decode kernels sweep engine}
+STAGES=${*:-tests decode profile kernels sweep engine}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 PY=${PYTHON:-python3}
@@ -45,11 +45,13 @@ for name in $STAGES; do
         tests/kernels tests/correctness/test_cuda.py ;;
     decode) stage decode-llama8b 240 $PY -m benchmarks.bench_gpu --model $LLAMA8B --random-weights \
         --output "$OUT/benchmarks.md" ;;
+    profile) stage profile-llama8b 240 $PY -m benchmarks.profile_lora_step --model $LLAMA8B --random-weights \
+        --device cuda --dtype bfloat16 --pool-gib 8 --output "$OUT/benchmarks.md" ;;
     kernels) stage kernels 120 $PY -m benchmarks.bench_kernels --output "$OUT/benchmarks.md" ;;
     sweep) stage sweep 150 $PY -m benchmarks.bench_kernels --sweep ;;
     engine) stage engine-llama8b 110 $PY -m benchmarks.bench_engine --model $LLAMA8B --random-weights \
         --device cuda --dtypes bfloat16 --batch-sizes 1 8 64 --repeats 1 --min-output 32 --max-output 64 \
         --output "$OUT/benchmarks.md" ;;
-    *) echo "unknown stage $name (tests, decode, kernels, sweep, engine)" >&2 ;;
+    *) echo "unknown stage $name (tests, decode, profile, kernels, sweep, engine)" >&2 ;;
     esac
 done

@@ -26,12 +26,12 @@ from benchmarks.report import (
     add_model_flags,
     add_report_flags,
     machine_description,
+    model_config_of,
     reproduce_command,
     write_section,
 )
 from benchmarks.workloads import prompt_token_ids
 from loraserve import SamplingParams
-from loraserve.config import ModelConfig
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import dtype_name
@@ -39,9 +39,11 @@ from loraserve.models.dtypes import dtype_name
 SECTION = "lora-step-profile"
 
 
-def decoding_engine(loaded: LoadedModel, batch: int, adapters: list[Path], num_adapters: int) -> LLMEngine:
+def decoding_engine(
+    loaded: LoadedModel, batch: int, adapters: list[Path], num_adapters: int, pool_bytes: int
+) -> LLMEngine:
     """An engine with `batch` sequences past their prefill, request i on adapter i % num_adapters."""
-    engine = engine_over(loaded, batch, max_loras=max(1, num_adapters))
+    engine = engine_over(loaded, batch, max_loras=max(1, num_adapters), pool_bytes=pool_bytes)
     for path in adapters[:num_adapters]:
         engine.add_adapter(path.name, path)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
@@ -69,12 +71,25 @@ def alternating_step_ms(engines: dict[int, LLMEngine], steps: int, rounds: int =
 
 
 def top_ops(engine: LLMEngine, steps: int, count: int) -> list[tuple[str, float, int]]:
-    """(op, ms per step, calls per step) by self CPU time."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+    """(op, ms per step, calls per step) by self CPU time; on CUDA, the GPU kernels (those a CUDA
+    graph replays included) by device time, and a first row summing them all."""
+    on_cuda = engine.config.model.device.startswith("cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if on_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
         for _ in range(steps):
             engine.step()
-    events = sorted(profile.key_averages(), key=lambda e: -e.self_cpu_time_total)[:count]
-    return [(e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in events]
+        if on_cuda:
+            torch.cuda.synchronize()
+    if not on_cuda:
+        events = sorted(profile.key_averages(), key=lambda e: -e.self_cpu_time_total)[:count]
+        return [(e.key, e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in events]
+    kernels = [e for e in profile.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    rows = [(e.key[:90], e.self_device_time_total / 1e3 / steps, e.count // steps) for e in kernels]
+    total = ("all GPU kernels", sum(ms for _, ms, _ in rows), sum(calls for _, _, calls in rows))
+    return [total, *rows[:count]]
 
 
 def main() -> None:
@@ -82,27 +97,33 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--pool-gib", type=float, default=1.0, help="memory pool: KV blocks and adapters")
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
         args.batch, args.adapters, args.steps = 4, 2, 2
-    loaded = load_model(ModelConfig(model=args.model, dtype=args.dtype, device=args.device))
+    loaded = load_model(model_config_of(args))
+    on_cuda = args.device.startswith("cuda")
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp))
-        engines = {count: decoding_engine(loaded, args.batch, paths, count) for count in (0, 1, args.adapters)}
+        pool_bytes = int(args.pool_gib * 2**30)
+        engines = {
+            count: decoding_engine(loaded, args.batch, paths, count, pool_bytes) for count in (0, 1, args.adapters)
+        }
         timings = alternating_step_ms(engines, args.steps)
         for count, ms in timings.items():
             print(f"{count} adapters: {ms:.1f} ms per step ({args.batch / ms * 1e3:.0f} tok/s)", flush=True)
-        kernels = kernel_ms(engines[args.adapters], max(2, args.steps // 4))
+        kernels = {} if on_cuda else kernel_ms(engines[args.adapters], max(2, args.steps // 4))
         ops = top_ops(engines[args.adapters], max(2, args.steps // 4), 12)
+        base_ops = top_ops(engines[0], max(2, args.steps // 4), 12)
         for engine in engines.values():
             engine.close()
     base = timings[0]
     lines = [
         "## Where a multi-LoRA decode step goes",
         "",
-        f"Command: `{reproduce_command('benchmarks.profile_lora_step')}`. Machine: {machine_description()}.",
+        f"Command: `{reproduce_command('benchmarks.profile_lora_step')}`. Machine: {machine_description(args.device)}.",
         "",
         f"Batch {args.batch}, every sequence past its ~60-token prompt, {dtype_name(loaded.dtype)}; median of "
         f"{args.steps} steps per row, the three batches decoding in alternating rounds.",
@@ -113,23 +134,30 @@ def main() -> None:
     for count, ms in timings.items():
         label = "none (base model)" if count == 0 else f"{count} ({'one for every row' if count == 1 else 'distinct'})"
         lines.append(f"| {label} | {ms:.1f} | {args.batch / ms * 1e3:.0f} | {base / ms:.2f} | {(ms - base) / ms:.0%} |")
+    if not on_cuda:
+        lines += [
+            "",
+            f"Inside the compiled CPU kernels in the {args.adapters}-adapter step (ms per step): "
+            + ", ".join(f"{name} {ms:.1f}" for name, ms in kernels.items())
+            + ".",
+        ]
+    what = "GPU kernels (device time; CUDA graph replays included)" if on_cuda else "torch ops (self CPU time)"
+    base_ms = {name: ms for name, ms, _ in base_ops}
     lines += [
         "",
-        f"Inside the compiled CPU kernels in the {args.adapters}-adapter step (ms per step): "
-        + ", ".join(f"{name} {ms:.1f}" for name, ms in kernels.items())
-        + ".",
+        f"Top {what} of the {args.adapters}-adapter step, beside the base step's, by the torch profiler"
+        + ("" if on_cuda else "; `_linear_pointwise` is the base model's matmuls; the kernels above are not torch ops")
+        + ":",
         "",
-        f"Top torch ops of the {args.adapters}-adapter step (torch profiler, self CPU time; "
-        "`_linear_pointwise` is the base model's matmuls; the kernels above are not torch ops):",
-        "",
-        "| op | ms per step | calls per step |",
-        "|---|---:|---:|",
-        *(f"| `{name}` | {ms:.1f} | {calls} |" for name, ms, calls in ops),
+        f"| {'kernel' if on_cuda else 'op'} | ms per step, {args.adapters} adapters | ms per step, base "
+        "| calls per step |",
+        "|---|---:|---:|---:|",
+        *(f"| `{name}` | {ms:.2f} | {base_ms.get(name, 0.0):.2f} | {calls} |" for name, ms, calls in ops),
     ]
     body = "\n".join(lines)
     print(body)
     if not args.quick:
-        write_section(args.output, SECTION, body)
+        write_section(args.output, SECTION + ("-gpu" if on_cuda else ""), body)
 
 
 if __name__ == "__main__":

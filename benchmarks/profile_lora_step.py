@@ -40,10 +40,10 @@ SECTION = "lora-step-profile"
 
 
 def decoding_engine(
-    loaded: LoadedModel, batch: int, adapters: list[Path], num_adapters: int, pool_bytes: int
+    loaded: LoadedModel, batch: int, adapters: list[Path], num_adapters: int, pool_bytes: int, prefix_caching: bool
 ) -> LLMEngine:
     """An engine with `batch` sequences past their prefill, request i on adapter i % num_adapters."""
-    engine = engine_over(loaded, batch, max_loras=max(1, num_adapters), pool_bytes=pool_bytes)
+    engine = engine_over(loaded, batch, max(1, num_adapters), prefix_caching, pool_bytes)
     for path in adapters[:num_adapters]:
         engine.add_adapter(path.name, path)
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
@@ -98,6 +98,10 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--pool-gib", type=float, default=1.0, help="memory pool: KV blocks and adapters")
+    parser.add_argument(
+        "--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="on (default): the base model's rows share their prompts' common blocks; an adapter's rows share theirs",
+    )  # fmt: skip
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
@@ -109,7 +113,8 @@ def main() -> None:
         paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp))
         pool_bytes = int(args.pool_gib * 2**30)
         engines = {
-            count: decoding_engine(loaded, args.batch, paths, count, pool_bytes) for count in (0, 1, args.adapters)
+            count: decoding_engine(loaded, args.batch, paths, count, pool_bytes, args.prefix_caching)
+            for count in (0, 1, args.adapters)
         }
         timings = alternating_step_ms(engines, args.steps)
         for count, ms in timings.items():
@@ -125,7 +130,8 @@ def main() -> None:
         "",
         f"Command: `{reproduce_command('benchmarks.profile_lora_step')}`. Machine: {machine_description(args.device)}.",
         "",
-        f"Batch {args.batch}, every sequence past its ~60-token prompt, {dtype_name(loaded.dtype)}; median of "
+        f"Batch {args.batch}, every sequence past its ~60-token prompt, {dtype_name(loaded.dtype)}, prefix "
+        f"caching {'on' if args.prefix_caching else 'off'}; median of "
         f"{args.steps} steps per row, the three batches decoding in alternating rounds.",
         "",
         "| adapters in the batch | ms per step | tokens/s | vs base | LoRA's share of the step |",

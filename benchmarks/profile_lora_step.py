@@ -46,8 +46,16 @@ def decoding_engine(
     engine = engine_over(loaded, batch, max(1, num_adapters), prefix_caching, pool_bytes)
     for path in adapters[:num_adapters]:
         engine.add_adapter(path.name, path)
+    prompts = prompt_token_ids(loaded.tokenizer, "chat", batch)
+    # Every adapter on the device first: else the rows whose adapter came first decode while the rest
+    # wait, and the LoRA step attends over longer contexts than the base step (2.9x its attention time
+    # on an H200 at Llama-8B's shapes).
+    for i in range(num_adapters):
+        engine.add_request(f"load{i}", prompts[0], SamplingParams(max_tokens=1), adapter=f"adapter-{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
     params = SamplingParams(temperature=0.0, max_tokens=10_000, ignore_eos=True)
-    for i, prompt in enumerate(prompt_token_ids(loaded.tokenizer, "chat", batch)):
+    for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, params, adapter=f"adapter-{i % num_adapters}" if num_adapters else None)
     while engine.scheduler.waiting or any(
         s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -28,6 +28,7 @@ from loraserve.errors import AdapterExistsError, AdapterNotFoundError, RegistryE
 from loraserve.registry.adapter_info import AdapterInfo
 from loraserve.registry.adapter_name import validate_adapter_name
 from loraserve.registry.api_keys import ApiKeys
+from loraserve.registry.change_feed import announce, listen
 from loraserve.registry.database import check_database, create_registry_engine, driver_message, masked_url
 from loraserve.registry.file_store import FileStore
 from loraserve.registry.models import AdapterRow, AdapterStatus, utc_now
@@ -64,6 +65,7 @@ class Registry:
     def __init__(self, url: str, store: FileStore) -> None:
         self.store = store
         self._url = masked_url(url)
+        self._unmasked_url = url
         self._engine = create_registry_engine(url)
         try:
             check_database(self._engine)
@@ -77,6 +79,15 @@ class Registry:
     def close(self) -> None:
         """Close the database connections."""
         self._engine.dispose()
+
+    @property
+    def announces_changes(self) -> bool:
+        """Whether other servers sharing the database hear of adapter changes (change_feed.py): PostgreSQL."""
+        return self._engine.dialect.name == "postgresql"
+
+    def follow(self, deliver: Callable[[str | None], None], stop: threading.Event) -> None:
+        """`deliver(name)` per adapter any server changes, `deliver(None)` for "look at all"; blocks until `stop`."""
+        listen(self._unmasked_url, deliver, stop)
 
     def create(
         self,
@@ -152,6 +163,7 @@ class Registry:
                 row = self._row(session, name)
                 info = AdapterInfo.of(row)
                 session.delete(row)
+                announce(session, name)
                 session.commit()
                 num_users = session.scalar(select(func.count()).where(AdapterRow.sha256 == info.sha256))
             if not num_users:
@@ -199,6 +211,7 @@ class Registry:
         with self._session(f"register adapter {row.name!r}") as session:
             session.add(row)
             try:
+                announce(session, row.name)  # flushes the insert: a taken name raises here
                 session.commit()
             except IntegrityError as error:
                 session.rollback()
@@ -212,6 +225,7 @@ class Registry:
             for key, value in values.items():
                 setattr(row, key, value)
             row.updated_at = utc_now()
+            announce(session, name)
             session.commit()
             return AdapterInfo.of(row)
 

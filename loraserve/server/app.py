@@ -53,7 +53,12 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         engine.start()
         threading.Thread(target=adapter_sandbox.warm_up, name="loraserve-sandbox-warm-up", daemon=True).start()
-        loops = (calls.probe_forever(), catalog.flush_usage_forever(), tenants.refresh_forever())
+        loops = (
+            calls.probe_forever(),
+            catalog.flush_usage_forever(),
+            tenants.refresh_forever(),
+            catalog.follow_registry_forever(),
+        )
         background = [asyncio.create_task(loop) for loop in loops]
         try:
             yield

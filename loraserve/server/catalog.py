@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import weakref
 from collections.abc import Awaitable
 from pathlib import Path
@@ -20,9 +21,14 @@ from typing import TypeVar, cast
 
 from loraserve.crash_points import crash_point
 from loraserve.engine.async_engine import AsyncLLMEngine
-from loraserve.errors import AdapterError, RegistryUnavailableError, UnknownAdapterError
+from loraserve.errors import (
+    AdapterError,
+    AdapterRetiringError,
+    RegistryUnavailableError,
+    UnknownAdapterError,
+)
 from loraserve.lora.adapter import CONFIG_FILE
-from loraserve.registry import AdapterInfo, Registry
+from loraserve.registry import AdapterInfo, AdapterStatus, Registry
 from loraserve.registry.consistency import check_registry
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.usage_buffer import UsageBuffer
@@ -32,6 +38,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 USAGE_FLUSH_SECONDS = 2.0
+FULL_SYNC_SECONDS = 30.0
 
 
 class AdapterCatalog:
@@ -144,6 +151,59 @@ class AdapterCatalog:
             return False
         return True
 
+    async def follow_registry_forever(self) -> None:
+        """Serve what other servers sharing the registry database add, edit, fail and delete (change_feed.py); and,
+        every FULL_SYNC_SECONDS, look at every adapter, for a change that could not be applied when it came."""
+        if not self.registry.announces_changes:
+            return
+        loop, names = asyncio.get_running_loop(), asyncio.Queue[str | None]()
+        stop = threading.Event()
+
+        def deliver(name: str | None) -> None:  # on the listener's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server is stopping
+                loop.call_soon_threadsafe(names.put_nowait, name)
+
+        feed = threading.Thread(target=self.registry.follow, args=(deliver, stop), name="loraserve-registry-feed")
+        feed.daemon = True
+        feed.start()
+        try:
+            while True:
+                try:
+                    name = await asyncio.wait_for(names.get(), FULL_SYNC_SECONDS)
+                except TimeoutError:
+                    name = None
+                try:
+                    await (self.sync_all() if name is None else self.sync(name))
+                except Exception as error:  # the registry down: the next full look retries
+                    logger.warning("registry changes not applied yet: %s", error)
+        finally:
+            stop.set()
+
+    async def sync_all(self) -> None:
+        """`sync` each adapter whose registry record differs from the one served (missing, edited, replaced)."""
+        listed = {info.name: _version(info) for info in await self.records()}
+        served = {info.name: _version(info) for info in self.ready}
+        for name in sorted(name for name in listed.keys() | served.keys() if listed.get(name) != served.get(name)):
+            await self.sync(name)
+
+    async def sync(self, name: str) -> None:
+        """Serve `name` as its registry record now says: ready with these files, or not at all."""
+
+        async def change() -> None:
+            info = await self.record(name)  # read under the name's lock: no change of this server's overtakes it
+            served = cast(AdapterInfo | None, self.engine.served_as(name))
+            if info is None or info.status is not AdapterStatus.READY or (served and served.sha256 != info.sha256):
+                if served is not None:  # deleted, failed, or uploaded anew: its requests finish first
+                    await self._stop_serving(name)
+            elif served is not None:
+                self.engine.describe_adapter(name, info)
+            else:
+                files = self.registry.files_of(info)
+                with contextlib.suppress(AdapterRetiringError):  # its old version still drains: the next full look
+                    await self.engine.call(lambda engine: engine.register_adapter(name, files, info.sha256, None, info))
+
+        await self._change(name, change())
+
     async def flush_usage(self) -> None:
         """Write the gathered counts; on failure they go back into the buffer for the next flush."""
         counts = self.usage.take()
@@ -194,3 +254,8 @@ class AdapterCatalog:
             await asyncio.wait_for(asyncio.gather(*self._changes, self.flush_usage(), return_exceptions=True), timeout)
         if len(self.usage):
             logger.warning("usage of %d adapters not recorded: the registry did not answer", len(self.usage))
+
+
+def _version(info: AdapterInfo) -> tuple[str, str, object]:
+    """What tells two records of an adapter apart but its usage counters."""
+    return info.sha256, info.status, info.updated_at

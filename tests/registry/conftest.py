@@ -6,7 +6,6 @@ PostgreSQL tests need a server on 127.0.0.1:5432 with a `test` database and trus
 
 from __future__ import annotations
 
-import getpass
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,35 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import SQLAlchemyError
 
 from loraserve.file_digest import sha256_of_files
 from loraserve.lora.adapter import CONFIG_FILE, WEIGHTS_FILE, LoraAdapter
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
-
-PG_SERVER = "127.0.0.1:5432"
+from tests.postgres_databases import empty_database
+from tests.postgres_databases import postgres_admin_url as find_postgres
 
 MakeAdapter = Callable[..., tuple[Path, LoraAdapter]]
 
 
 @pytest.fixture(scope="session")
 def postgres_admin_url() -> str:
-    """A URL of the server's `test` database that may CREATE DATABASE; skips when none answers."""
-    failures = []
-    for user in dict.fromkeys(["postgres", getpass.getuser()]):
-        url = f"postgresql://{user}@{PG_SERVER}/test"
-        engine = create_engine(url)
-        try:
-            with engine.connect():
-                return url
-        except SQLAlchemyError as error:
-            failures.append(f"{user}: {' '.join(str(getattr(error, 'orig', error)).split())}")
-        finally:
-            engine.dispose()
-    reason = f"no PostgreSQL at {PG_SERVER} ({'; '.join(failures)})"
-    print(reason)
-    pytest.skip(reason)
+    return find_postgres()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -52,17 +35,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield sqlite_url(tmp_path / "data")
         return
-    admin_url: str = request.getfixturevalue("postgres_admin_url")
-    name = f"loraserve_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database(request.getfixturevalue("postgres_admin_url")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -212,6 +212,10 @@ class ServerConfig(Settings):
         "ones may be another replica's upload in flight where replicas share a store (0 with one server)",
         minimum=0,
     )  # fmt: skip
+    files_in_database: bool = setting(
+        False, "keep each adapter's files in the registry database too, so servers sharing it but not this disk (a "
+        "cluster's replicas on other machines) copy them from there; `loraserve cluster` always does",
+    )  # fmt: skip
     drain_timeout: int = setting(
         30, "on SIGTERM or Ctrl-C, seconds the running requests (streams too) may take to finish before exit",
         minimum=0,

@@ -98,7 +98,11 @@ class AsyncLLMEngine:
         return self.engine.adapters.wait_resident(name)
 
     def set_pinned(self, name: str, pinned: bool) -> None:
+        """AdapterError if `pinned` would leave no slot unpinned."""
         self.engine.adapters.set_pinned(name, pinned)
+
+    def is_pinned(self, name: str) -> bool:
+        return (record := self.engine.adapters.record(name)) is not None and record.pinned
 
     def residency(self, name: str) -> tuple[str, bool]:
         """Where the adapter's weights are ("device", "host" or "disk"), and whether they are pinned there."""

@@ -29,6 +29,7 @@ class AdapterInfo:
     request_count: int
     prompt_token_count: int
     completion_token_count: int
+    pinned: bool  # kept in a device slot by every server
 
     @classmethod
     def of(cls, row: AdapterRow) -> AdapterInfo:

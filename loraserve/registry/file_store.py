@@ -1,11 +1,13 @@
 """Content-addressed store of adapter files: `root/<sha256>/{adapter_config.json, adapter_model.safetensors}`.
 
 Equal uploads share one directory. A directory appears only complete: files are written and fsynced in a temporary
-directory under `root` (same filesystem), then renamed into place; those a crash left behind go when the store opens.
+directory under `root` (same filesystem), then renamed into place; those a crash left behind go when the store opens,
+once older than `min_leftover_age` (where servers share a store, a younger one may be another server's write).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -28,11 +30,13 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 class FileStore:
     """Adapter files on disk, named by content hash. Owns everything under `root`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, min_leftover_age: float = 0.0) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         for leftover in root.glob(f"{_TMP_PREFIX}*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):  # another server's, finished meanwhile
+                if time.time() - leftover.stat().st_mtime >= min_leftover_age:
+                    shutil.rmtree(leftover, ignore_errors=True)
 
     def path_of(self, sha256: str) -> Path:
         """The directory that holds (or would hold) the files hashing to `sha256`."""
@@ -47,7 +51,7 @@ class FileStore:
         final = self.path_of(sha256)
         if final.is_dir() and self.verify(sha256) is None:
             return final
-        staging = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=self.root))
+        staging = self.staging_dir()
         try:
             digest = hashlib.sha256()
             for name in FILES:
@@ -72,6 +76,10 @@ class FileStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # already gone after a successful rename
         return final
+
+    def staging_dir(self) -> Path:
+        """A new temporary directory in the store's filesystem (removed at the next open if a crash leaves it)."""
+        return Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=self.root))
 
     def stored(self) -> list[str]:
         """The content hashes of every stored directory."""
@@ -98,7 +106,7 @@ class FileStore:
 
     def _discard(self, path: Path) -> None:
         # Renamed first, so a crash mid-delete leaves a temporary dir, never a half-deleted adapter.
-        aside = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=self.root))
+        aside = self.staging_dir()
         os.rename(path, aside / path.name)
         shutil.rmtree(aside)
 

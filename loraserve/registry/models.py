@@ -1,4 +1,5 @@
-"""The registry's tables: `adapters` (uploads, their names, how much each served) and `api_keys` (tenants' key hashes).
+"""The registry's tables: `adapters` (uploads, their names, how much each served), `adapter_files` (their bytes, where
+servers share no disk) and `api_keys` (tenants' key hashes).
 
 The schema changes only through Alembic (migrations/); a test checks that these models and the migrations agree.
 """
@@ -9,7 +10,20 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, DateTime, Dialect, Float, Integer, String, Text, TypeDecorator
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    false,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -67,6 +81,17 @@ class AdapterRow(Base):
     request_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     prompt_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     completion_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # kept in a slot everywhere
+
+
+class AdapterFilesRow(Base):
+    """The files of one stored content hash, for servers whose store lacks them (Registry(files_in_database=True))."""
+
+    __tablename__ = "adapter_files"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    config: Mapped[bytes] = mapped_column(LargeBinary)  # adapter_config.json
+    weights: Mapped[bytes] = mapped_column(LargeBinary)  # adapter_model.safetensors
 
 
 class ApiKeyRow(Base):

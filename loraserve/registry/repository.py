@@ -4,6 +4,10 @@ keys (`Registry.keys`, api_keys.py).
 Every method runs its own short transaction and may be called from any thread. Creates and deletes hold one lock, so "do
 other rows still use these files?" and the file change it decides never interleave with another create or delete (in
 this process; processes sharing one database and store are not coordinated).
+
+With `files_in_database`, each stored content's bytes are also a row of `adapter_files`, written in the transaction that
+registers its first adapter and deleted with its last: a server sharing the database but not the disk (a cluster's
+replica on another machine) copies them into its own store when it first needs them.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import builtins
 import contextlib
 import functools
 import logging
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,8 +35,8 @@ from loraserve.registry.adapter_name import validate_adapter_name
 from loraserve.registry.api_keys import ApiKeys
 from loraserve.registry.change_feed import announce, listen
 from loraserve.registry.database import check_database, create_registry_engine, driver_message, masked_url
-from loraserve.registry.file_store import FileStore
-from loraserve.registry.models import AdapterRow, AdapterStatus, utc_now
+from loraserve.registry.file_store import FILES, FileStore
+from loraserve.registry.models import AdapterFilesRow, AdapterRow, AdapterStatus, utc_now
 
 if TYPE_CHECKING:
     from loraserve.lora.adapter import LoraAdapter
@@ -62,8 +67,9 @@ class _Unset(Enum):
 class Registry:
     """Registered adapters: rows in the database at `url`, files in `store`. Owns both."""
 
-    def __init__(self, url: str, store: FileStore) -> None:
+    def __init__(self, url: str, store: FileStore, files_in_database: bool = False) -> None:
         self.store = store
+        self.files_in_database = files_in_database
         self._url = masked_url(url)
         self._unmasked_url = url
         self._engine = create_registry_engine(url)
@@ -118,7 +124,7 @@ class Registry:
             had_files = self.store.path_of(adapter.sha256).is_dir()
             self.store.put(source_dir, adapter.sha256)
             try:
-                self._insert(row)
+                self._insert(row, self.store.path_of(adapter.sha256) if self.files_in_database else None)
                 crash_point("registry.inserted")
             except BaseException:
                 if not had_files:
@@ -156,6 +162,10 @@ class Registry:
         """Serve the adapter again; raises AdapterNotFoundError."""
         return self._change(name, status=AdapterStatus.READY.value, status_reason=None)
 
+    def set_pinned(self, name: str, pinned: bool) -> AdapterInfo:
+        """Keep the adapter in a device slot on every server (or not); raises AdapterNotFoundError."""
+        return self._change(name, pinned=pinned)
+
     def delete(self, name: str) -> AdapterInfo:
         """Unregister the adapter; its files go too unless another adapter has the same content."""
         with self._files_lock:
@@ -164,14 +174,26 @@ class Registry:
                 info = AdapterInfo.of(row)
                 session.delete(row)
                 announce(session, name)
-                session.commit()
+                session.flush()
                 num_users = session.scalar(select(func.count()).where(AdapterRow.sha256 == info.sha256))
+                if not num_users and (files := session.get(AdapterFilesRow, info.sha256)) is not None:
+                    session.delete(files)
+                session.commit()
             if not num_users:
-                try:
-                    self.store.remove(info.sha256)
-                except OSError as error:  # the row is gone: orphaned files are only wasted space
-                    logger.warning("adapter %r deleted, but its files stay: %s", name, error)
+                self._remove_files(info.sha256)
         return info
+
+    def remove_unused_files(self, sha256: str) -> None:
+        """Remove this server's copy of `sha256`'s files if no adapter names them (another server deleted the last)."""
+        with self._files_lock, self._session(f"count the adapters of {sha256}") as session:
+            if not session.scalar(select(func.count()).where(AdapterRow.sha256 == sha256)):
+                self._remove_files(sha256)
+
+    def _remove_files(self, sha256: str) -> None:
+        try:
+            self.store.remove(sha256)
+        except OSError as error:  # no row names them: orphaned files are only wasted space
+            logger.warning("files %s no adapter names stay on disk: %s", sha256, error)
 
     def add_usage(self, usage: dict[str, Usage]) -> None:
         """Add to each adapter's counters in one transaction; usage of adapters deleted meanwhile is dropped."""
@@ -195,7 +217,7 @@ class Registry:
 
     def verify_all(self) -> builtins.list[AdapterInfo]:
         """Re-hash every ready adapter's stored files, mark those missing or changed failed; returns all adapters."""
-        verify = functools.cache(self.store.verify)  # once per shared directory
+        verify = functools.cache(self.local_files_problem)  # once per shared directory
         for info in self.list():
             if info.status is AdapterStatus.READY and (reason := verify(info.sha256)) is not None:
                 logger.warning("adapter %r marked failed: %s", info.name, reason)
@@ -204,12 +226,38 @@ class Registry:
         return self.list()
 
     def files_of(self, info: AdapterInfo) -> Path:
-        """The directory holding the adapter's adapter_config.json and adapter_model.safetensors."""
+        """The directory holding the adapter's adapter_config.json and adapter_model.safetensors (with
+        `files_in_database`, copied from the database first if this server's store lacks them)."""
+        self.local_files_problem(info.sha256)
         return self.store.path_of(info.sha256)
 
-    def _insert(self, row: AdapterRow) -> None:
+    def local_files_problem(self, sha256: str) -> str | None:
+        """None when this server's store holds the files of `sha256` intact, else why not; with `files_in_database`,
+        missing or damaged files are first copied from the database."""
+        problem = self.store.verify(sha256)
+        if problem is None or not self.files_in_database:
+            return problem
+        with self._session(f"read the files of {sha256}") as session:
+            files = session.get(AdapterFilesRow, sha256)
+            if files is None:
+                return f"{problem}; the database holds no copy"
+            contents = (files.config, files.weights)
+        fetched = self.store.staging_dir()
+        try:
+            for name, content in zip(FILES, contents, strict=True):
+                (fetched / name).write_bytes(content)
+            self.store.put(fetched, sha256)  # AdapterError if the copy does not hash to sha256
+        finally:
+            shutil.rmtree(fetched, ignore_errors=True)
+        return None
+
+    def _insert(self, row: AdapterRow, files: Path | None) -> None:
+        """Add the row (and, given the stored directory `files`, its content's bytes unless the database has them)."""
         with self._session(f"register adapter {row.name!r}") as session:
             session.add(row)
+            if files is not None and session.get(AdapterFilesRow, row.sha256) is None:
+                contents = [(files / name).read_bytes() for name in FILES]
+                session.add(AdapterFilesRow(sha256=row.sha256, config=contents[0], weights=contents[1]))
             try:
                 announce(session, row.name)  # flushes the insert: a taken name raises here
                 session.commit()

@@ -140,7 +140,7 @@ async def pool(request: Request) -> dict[str, Any]:
 
 async def _set_pinned(state: ServerState, name: str, pinned: bool) -> dict[str, Any]:
     state.catalog.get(name)  # 404 unless ready
-    state.engine.set_pinned(name, pinned)
+    await state.catalog.set_pinned(name, pinned)
     if pinned:  # answer once the weights are in their slot, so the record shows them there
         await asyncio.to_thread(state.engine.wait_resident, name)
     return _record(state, state.catalog.get(name))

@@ -37,7 +37,8 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     url = config.db_url or sqlite_url(config.data_dir)
     upgrade_database(url)
-    registry = Registry(url, FileStore(config.data_dir / "adapters"))
+    store = FileStore(config.data_dir / "adapters", min_leftover_age=config.orphan_grace)
+    registry = Registry(url, store, config.files_in_database)
     calls = RegistryCalls(registry, timeout=config.registry_timeout)
     catalog = AdapterCatalog(registry, engine, calls)
     marker = config.data_dir / _SAMPLES_MARKER

@@ -23,6 +23,7 @@ from loraserve.crash_points import crash_point
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.errors import (
     AdapterError,
+    AdapterExistsError,
     AdapterRetiringError,
     RegistryUnavailableError,
     UnknownAdapterError,
@@ -61,6 +62,7 @@ class AdapterCatalog:
                 continue
             # Read at its first request (the hash was just checked); thousands may be registered.
             self.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256, served_as=info)
+            self._apply_pin(info)
 
     def register_samples(self, directory: Path) -> None:
         """Register each PEFT directory under `directory` by its directory name (those not registered yet)."""
@@ -71,7 +73,8 @@ class AdapterCatalog:
             readme = path / "README.md"
             # The persona line: the first paragraph after the README's title.
             lines = [line for line in readme.read_text().splitlines()[1:] if line.strip()] if readme.exists() else []
-            self.registry.create(path.name, path, adapter, self.base_model, None, lines[0] if lines else None)
+            with contextlib.suppress(AdapterExistsError):  # another server sharing the database was first
+                self.registry.create(path.name, path, adapter, self.base_model, None, lines[0] if lines else None)
 
     def get(self, name: str) -> AdapterInfo:
         """The ready adapter called `name`; UnknownAdapterError (404) otherwise."""
@@ -121,6 +124,19 @@ class AdapterCatalog:
             )
             self.engine.describe_adapter(name, info)
             return info
+
+        return await self._change(name, change())
+
+    async def set_pinned(self, name: str, pinned: bool) -> AdapterInfo:
+        """Kept in a device slot (or not) here now, and by every server sharing the registry and after restarts."""
+
+        async def change() -> AdapterInfo:
+            self.engine.set_pinned(name, pinned)  # AdapterError (no slot would stay unpinned) before the registry
+            try:
+                return await self.calls(f"pin adapter {name!r}", self.registry.set_pinned, name, pinned, wait=True)
+            except BaseException:
+                self.engine.set_pinned(name, not pinned)
+                raise
 
         return await self._change(name, change())
 
@@ -195,14 +211,25 @@ class AdapterCatalog:
             if info is None or info.status is not AdapterStatus.READY or (served and served.sha256 != info.sha256):
                 if served is not None:  # deleted, failed, or uploaded anew: its requests finish first
                     await self._stop_serving(name)
+                    await self.calls("remove unused files", self.registry.remove_unused_files, served.sha256, wait=True)
             elif served is not None:
                 self.engine.describe_adapter(name, info)
-            else:
-                files = self.registry.files_of(info)
+                self._apply_pin(info)
+            else:  # new here: its files may first come from the database (Registry.files_in_database)
+                files = await self.calls(f"copy the files of adapter {name!r}", self.registry.files_of, info, wait=True)
                 with contextlib.suppress(AdapterRetiringError):  # its old version still drains: the next full look
                     await self.engine.call(lambda engine: engine.register_adapter(name, files, info.sha256, None, info))
+                    self._apply_pin(info)
 
         await self._change(name, change())
+
+    def _apply_pin(self, info: AdapterInfo) -> None:
+        if info.pinned == self.engine.is_pinned(info.name):
+            return
+        try:
+            self.engine.set_pinned(info.name, info.pinned)
+        except AdapterError as error:  # this server has fewer slots than the one that pinned it
+            logger.warning("adapter %r is pinned in the registry but not here: %s", info.name, error)
 
     async def flush_usage(self) -> None:
         """Write the gathered counts; on failure they go back into the buffer for the next flush."""
@@ -257,5 +284,5 @@ class AdapterCatalog:
 
 
 def _version(info: AdapterInfo) -> tuple[str, str, object]:
-    """What tells two records of an adapter apart but its usage counters."""
+    """What tells two records of an adapter apart but its usage counters (every change sets updated_at)."""
     return info.sha256, info.status, info.updated_at

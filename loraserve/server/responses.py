@@ -84,9 +84,7 @@ def record_json(record: Any, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(record).items() if k not in hidden}
 
 
-AdapterRecord = _from_dataclass(
-    "AdapterRecord", AdapterInfo, residency=(Literal["device", "host", "disk"], ...), pinned=(bool, ...)
-)
+AdapterRecord = _from_dataclass("AdapterRecord", AdapterInfo, residency=(Literal["device", "host", "disk"], ...))
 
 
 class AdapterList(BaseModel):

@@ -1,5 +1,6 @@
-"""Servers sharing one PostgreSQL registry and one adapter store serve the same adapters: what one is told (an
-upload, an edit, a delete) the others follow within seconds, without a restart (registry/change_feed.py)."""
+"""Servers sharing one PostgreSQL registry, each with its own disk, serve the same adapters: what one is told (an
+upload, an edit, a pin, a delete) the others follow within seconds, without a restart (registry/change_feed.py), the
+files coming from the database (--files-in-database)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ running = contextmanager(start_server)
 
 @pytest.fixture(scope="module")
 def two_servers(loaded_model, tmp_path_factory) -> Iterator[tuple[RunningServer, RunningServer]]:
-    data_dir = tmp_path_factory.mktemp("shared-data")
     with empty_database(postgres_admin_url()) as db_url, ExitStack() as servers:
-        first, second = (servers.enter_context(running(loaded_model, data_dir, db_url=db_url)) for _ in range(2))
+        first, second = (
+            servers.enter_context(
+                running(loaded_model, tmp_path_factory.mktemp("own-disk"), db_url=db_url, files_in_database=True)
+            )
+            for _ in range(2)
+        )
         yield first, second
 
 
@@ -57,8 +62,17 @@ def test_an_upload_edit_and_delete_on_one_server_reach_the_other(two_servers, pe
         "the second server's chats use the new persona",
     )
 
+    pinned = httpx.post(f"{first.url}/admin/adapters/shared/pin", headers=ADMIN)
+    assert pinned.status_code == 200 and pinned.json()["pinned"], pinned.text
+    eventually(lambda: second.engine.residency("shared") == ("device", True), "the second server pins it too")
+    unpinned = httpx.post(f"{second.url}/admin/adapters/shared/unpin", headers=ADMIN)
+    assert unpinned.status_code == 200 and not unpinned.json()["pinned"], unpinned.text
+    eventually(lambda: not first.engine.is_pinned("shared"), "the first server unpins it")
+
     deleted = httpx.delete(f"{second.url}/admin/adapters/shared", headers=ADMIN)
     assert deleted.status_code == 200, deleted.text
     eventually(lambda: "shared" not in served_models(first), "the first server stops serving it")
     gone = httpx.post(f"{first.url}/v1/completions", json={"model": "shared", "prompt": "Hi", "max_tokens": 1})
     assert gone.status_code == 404, gone.text
+    for server in two_servers:  # the last adapter of that content is gone: so are its files, on every disk it reached
+        assert not (server.data_dir / "adapters" / created.json()["sha256"]).exists()

@@ -94,6 +94,10 @@ class RequestFailedError(LoraserveError):
     """Scheduling or computing this request raised; the other requests went on (500 on the wire)."""
 
 
+class ReplicaFailedError(LoraserveError):
+    """A cluster's replica died (or could not be reached) while answering; Serve starts another."""
+
+
 class EngineDeadError(LoraserveError):
     """The step loop stopped for good (an unrecoverable device error); no request can make progress (503)."""
 

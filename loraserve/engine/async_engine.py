@@ -97,6 +97,10 @@ class AsyncLLMEngine:
     def wait_resident(self, name: str) -> bool:
         return self.engine.adapters.wait_resident(name)
 
+    def prefetch(self, name: str) -> None:
+        """Start reading the adapter from disk into host memory, unless it is there or on its way (unknown: nothing)."""
+        self.engine.adapters.prefetch(name)
+
     def set_pinned(self, name: str, pinned: bool) -> None:
         """AdapterError if `pinned` would leave no slot unpinned."""
         self.engine.adapters.set_pinned(name, pinned)

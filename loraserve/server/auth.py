@@ -27,10 +27,14 @@ def grant_of(request: Request) -> TenantKey:
 
 
 def require_admin_token(request: Request) -> None:
+    check_admin_token(request, server_state(request).admin_token)
+
+
+def check_admin_token(request: Request, admin_token: str) -> None:
     """Admin routes need `Authorization: Bearer <admin token>`: 401 without one, 403 with a wrong one."""
     if not request.headers.get("authorization"):
         raise HTTPException(status_code=401, detail="admin routes need Authorization: Bearer <admin token>")
-    if not _matches(_bearer(request), server_state(request).admin_token):
+    if not _matches(_bearer(request), admin_token):
         raise HTTPException(status_code=403, detail="invalid admin token")
 
 

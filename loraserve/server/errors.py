@@ -38,6 +38,7 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (domain.AdapterUnavailableError, 503, "server_error", "unavailable"),
     (domain.RegistryError, 503, "server_error", "registry_unavailable"),
     (domain.EngineDeadError, 503, "server_error", "engine_stopped"),
+    (domain.ReplicaFailedError, 503, "server_error", "replica_failed"),
     (domain.RequestFailedError, 500, "server_error", "request_failed"),
     (domain.OverloadedError, 503, "server_error", "overloaded"),
     (domain.RequestTimeoutError, 504, "server_error", "timeout"),
@@ -70,7 +71,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (422, "the adapter cannot be accepted (code: the field or file)"),
         (429, "the API key's requests or tokens per minute are spent (Retry-After; code: the quota)"),
         (500, "computing the request failed, or an unforeseen error (with a request_id)"),
-        (503, "adapter, registry or engine unavailable, or overloaded (Retry-After)"),
+        (503, "adapter, registry, engine or a cluster's replica unavailable, or overloaded (Retry-After)"),
         (504, "the request's own timeout passed before it started"),
         (507, "the disk is full: the upload is not kept"),
     )

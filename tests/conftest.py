@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,3 +106,34 @@ def hf_greedy(hf_model: torch.nn.Module) -> Callable[[list[int], int], list[int]
         return cache[key]
 
     return generate
+
+
+LORAX_VENV = Path(__file__).resolve().parents[1] / ".venv-lorax"
+LORAX_CLIENT = "lorax-client==0.6.3"
+
+
+@pytest.fixture(scope="session")
+def lorax_python() -> Path:
+    """The python of a virtual environment with lorax-client (tests/server/lorax_client_script.py runs in it): the
+    client pins huggingface-hub<1.0, which transformers 5 cannot use. Made once, in .venv-lorax."""
+    python = LORAX_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(LORAX_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", LORAX_CLIENT], check=True)
+    return python
+
+
+@pytest.fixture(scope="session")
+def peft_adapter_dir(model_dir, tmp_path_factory) -> Path:
+    """A fresh adapter of the base model saved by peft's save_pretrained (random B: it changes answers)."""
+    import torch
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = PeftLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    path = tmp_path_factory.mktemp("peft-adapter")
+    get_peft_model(base, config).save_pretrained(path)
+    return path

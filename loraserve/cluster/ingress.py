@@ -39,8 +39,8 @@ install_error_handlers(app)
 
 
 def adapter_of(path: str, body: bytes, base_model: str | None) -> str:
-    """The adapter an inference request names ("" for the base model, any other route, or a body the replica will
-    refuse with its own 400)."""
+    """The adapter an inference request names (`adapter_id` or `model` on the OpenAI routes, `parameters.adapter_id`
+    on LoRAX's); "" for the base model, any other route, or a body the replica will refuse with its own 400."""
     if path not in OPENAI_ROUTES + LORAX_ROUTES:
         return ""
     try:
@@ -49,7 +49,7 @@ def adapter_of(path: str, body: bytes, base_model: str | None) -> str:
         return ""
     if not isinstance(payload, dict):
         return ""
-    name = payload.get("model")
+    name = payload.get("adapter_id") or payload.get("model")  # vLLM's and LoRAX's extension field first
     if path in LORAX_ROUTES:
         parameters = payload.get("parameters")
         name = parameters.get("adapter_id") if isinstance(parameters, dict) else None

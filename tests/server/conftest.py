@@ -94,22 +94,6 @@ def wait_until_idle(engine: AsyncLLMEngine, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="session")
-def peft_adapter_dir(model_dir, tmp_path_factory) -> Path:
-    """A fresh adapter of the base model saved by peft's save_pretrained (random B: it changes answers)."""
-    import torch
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = PeftLoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
-    path = tmp_path_factory.mktemp("peft-adapter")
-    get_peft_model(base, config).save_pretrained(path)
-    return path
-
-
 def data_snapshot(server: RunningServer) -> tuple[list[tuple[str, str, str]], list[tuple[str, int]]]:
     """What the registry and the file store hold: (name, sha256, status) rows and (path, size) files."""
     rows = httpx.get(f"{server.url}/admin/adapters", headers=ADMIN).json()["data"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -19,19 +18,6 @@ from loraserve.resources import SAMPLE_ADAPTERS
 from tests.server.conftest import ADMIN, wait_until_idle
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-LORAX_VENV = ROOT / ".venv-lorax"
-LORAX_CLIENT = "lorax-client==0.6.3"
-
-
-@pytest.fixture(scope="session")
-def lorax_python() -> Path:
-    python = LORAX_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(LORAX_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", LORAX_CLIENT], check=True)
-    return python
 
 
 def test_lorax_client_generate_and_stream_with_adapter_id_equal_llm_generate(server, lorax_python, make_llm):

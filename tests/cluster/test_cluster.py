@@ -1,0 +1,238 @@
+"""`loraserve cluster` on a local Ray instance: an ingress and 2 engine replicas of the embedded model (1 CPU each,
+small pools) over the PostgreSQL at 127.0.0.1:5432, driven through the ingress as clients drive one server.
+Skipped, saying why, when Ray cannot start or no PostgreSQL answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from loraserve import SamplingParams
+from loraserve.config import EngineConfig, ServerConfig
+from loraserve.resources import SAMPLE_ADAPTERS
+from tests.postgres_databases import empty_database, postgres_admin_url
+from tests.server.conftest import ADMIN, ADMIN_TOKEN, free_port
+from tests.server.test_admin_api import peft_files, upload, zipped
+
+ray = pytest.importorskip("ray", reason="loraserve cluster needs Ray Serve: pip install 'loraserve[ray]'")
+from ray import serve  # noqa: E402
+
+from loraserve.cluster.deploy import APP_NAME, cluster_app  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(600)]
+
+SAMPLES = ("pirate", "robot", "shakespeare", "french-tutor")
+FOLLOW_SECONDS = 30  # registry notes arrive in milliseconds, board posts every 2 s; a replica starts in ~15 s
+
+
+@dataclass
+class Cluster:
+    url: str
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    with empty_database(postgres_admin_url()) as db_url:
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        except Exception as error:  # whatever stops Ray, the reason is printed and the tests skip
+            print(f"Ray cannot start: {error}")
+            pytest.skip(f"Ray cannot start: {error}")
+        try:
+            port = free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            engine = EngineConfig.of(dtype="float32", max_loras=4, max_lora_rank=16, num_pages=512, max_num_seqs=32)
+            server = ServerConfig(data_dir=tmp_path_factory.mktemp("node-disk"), db_url=db_url, admin_token=ADMIN_TOKEN)
+            serve.run(cluster_app(engine, server, replicas=2, replica_cpus=1, replica_gpus=0), name=APP_NAME)
+            cluster = Cluster(f"http://127.0.0.1:{port}")
+            eventually(lambda: len(pool(cluster)) == 2, "both replicas post to the board")
+            yield cluster
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+
+
+def eventually(check: Callable[[], bool], what: str, seconds: float = FOLLOW_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
+        time.sleep(0.2)
+
+
+def pool(cluster: Cluster) -> list[dict]:
+    return httpx.get(f"{cluster.url}/admin/pool", headers=ADMIN).json()["replicas"]
+
+
+def complete(cluster: Cluster, model: str, prompt: str, max_tokens: int = 12) -> httpx.Response:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    return httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=120)
+
+
+def offline_greedy(make_llm, adapter: str | None, path: Path | None, prompt: str, max_tokens: int = 12) -> str:
+    llm = make_llm(max_loras=1)
+    if adapter is not None:
+        llm.add_adapter(adapter, path)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    (output,) = llm.generate(prompt, params, adapters=[adapter], use_tqdm=False)
+    return output.outputs[0].text
+
+
+def test_uploads_as_files_and_archive_serve_through_the_ingress_like_llm_generate(cluster, peft_adapter_dir, make_llm):
+    as_files = upload(cluster, "fresh", peft_files(peft_adapter_dir), description="test")
+    assert as_files.status_code == 201, as_files.text
+    archive = zipped({f"adapter/{name}": data for name, data in peft_files(peft_adapter_dir)})
+    as_zip = upload(cluster, "fresh-zip", [("fresh.zip", archive)])
+    assert as_zip.status_code == 201, as_zip.text
+    eventually(lambda: len(httpx.get(f"{cluster.url}/v1/models").json()["data"]) == 1 + len(SAMPLES) + 2, "listed")
+
+    prompt = "The best thing about mornings is"
+    expected = offline_greedy(make_llm, "fresh", peft_adapter_dir, prompt)
+    for name in ("fresh", "fresh-zip"):  # whichever replica answers, it has the files (from the database)
+        for _ in range(3):
+            answer = complete(cluster, name, prompt)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["text"] == expected
+    shown = httpx.get(f"{cluster.url}/admin/adapters/fresh", headers=ADMIN).json()
+    eventually(
+        lambda: httpx.get(f"{cluster.url}/admin/adapters/fresh", headers=ADMIN).json()["replicas"],
+        "the record names the replica holding it",
+    )
+    assert shown["name"] == "fresh" and shown["sha256"] == as_zip.json()["sha256"]
+    refused = upload(cluster, "fresh", peft_files(peft_adapter_dir))
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "adapter_exists", refused.text
+
+
+def test_openai_and_lorax_clients_for_several_adapters_at_once(cluster, lorax_python, make_llm):
+    prompt = "Tell me about the sea."
+    answers: dict[str, str] = {}
+
+    def ask(adapter: str) -> None:
+        client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=120)
+        chat = client.chat.completions.create(
+            model=adapter, messages=[{"role": "user", "content": prompt}], max_tokens=12, temperature=0
+        )
+        answers[adapter] = chat.choices[0].message.content or ""
+
+    threads = [threading.Thread(target=ask, args=(adapter,)) for adapter in (*SAMPLES, *SAMPLES)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert set(answers) == set(SAMPLES) and all(answers.values()), answers
+    assert len(set(answers.values())) > 1, "each persona answers in its own words"
+
+    script = Path(__file__).parents[1] / "server" / "lorax_client_script.py"
+    run = subprocess.run(
+        [str(lorax_python), str(script), cluster.url, "pirate", "Arr, the sea is", "12"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    expected = offline_greedy(make_llm, "pirate", SAMPLE_ADAPTERS / "pirate", "Arr, the sea is")
+    assert result["generated_text"] == expected
+    assert "".join(result["stream_texts"]) == expected == result["stream_final"]
+
+
+def test_routing_keeps_an_adapter_on_the_replica_that_holds_it(cluster):
+    assert upload(cluster, "affine", peft_files(SAMPLE_ADAPTERS / "robot")).status_code == 201
+    assert complete(cluster, "affine", "Beep", max_tokens=2).status_code == 200, "served at once, by any replica"
+    time.sleep(1)  # Serve's routers learn which replica loaded it
+    for _ in range(6):
+        assert complete(cluster, "affine", "Beep", max_tokens=2).status_code == 200
+    time.sleep(3)  # the board's next posts
+    holding = [p for p in pool(cluster) if any(a["name"] == "affine" for a in p["device_adapters"])]
+    assert len(holding) == 1, "the later requests for the adapter went to the replica that already held it"
+
+
+def stream_lines(cluster: Cluster, model: str, max_tokens: int) -> Iterator[str]:
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        yield from (line for line in response.iter_lines() if line)
+
+
+def test_a_stream_running_while_its_adapter_is_deleted_finishes_and_then_it_is_gone_everywhere(cluster, tmp_path):
+    assert upload(cluster, "doomed", peft_files(SAMPLE_ADAPTERS / "robot")).status_code == 201
+    assert complete(cluster, "doomed", "Hi", 1).status_code == 200
+    lines = stream_lines(cluster, "doomed", max_tokens=48)
+    first = next(lines)
+    assert first.startswith("data: {")
+    assert httpx.delete(f"{cluster.url}/admin/adapters/doomed", headers=ADMIN).status_code == 200
+    rest = list(lines)
+    assert rest[-1] == "data: [DONE]" and len(rest) > 10, "the running stream finished on the old adapter"
+    eventually(lambda: complete(cluster, "doomed", "Hi", 1).status_code == 404, "no replica serves it any more")
+
+
+def test_a_pin_reaches_every_replica(cluster):
+    pinned = httpx.post(f"{cluster.url}/admin/adapters/shakespeare/pin", headers=ADMIN)
+    assert pinned.status_code == 200, pinned.text
+
+    def pinned_on_every_replica() -> bool:
+        return all(
+            any(a["name"] == "shakespeare" and a["pinned"] for a in replica["device_adapters"])
+            for replica in pool(cluster)
+        )
+
+    eventually(pinned_on_every_replica, "shakespeare pinned on both replicas")
+    assert httpx.post(f"{cluster.url}/admin/adapters/shakespeare/unpin", headers=ADMIN).status_code == 200
+
+
+def test_cluster_views_label_each_replica(cluster):
+    assert httpx.get(f"{cluster.url}/admin/pool").status_code == 401
+    replicas = pool(cluster)
+    assert len({r["replica"] for r in replicas}) == 2 and all("adapter_slots" in r for r in replicas)
+    text = httpx.get(f"{cluster.url}/metrics").text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert {s.labels["replica"] for s in families[name].samples} == {r["replica"] for r in replicas}
+    (info,) = {s.labels["max_lora"] for s in families["vllm:lora_requests_info"].samples}
+    assert info == "4"
+
+
+def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_is_replaced(cluster):
+    lines = stream_lines(cluster, "french-tutor", max_tokens=400)
+    assert next(lines).startswith("data: {")
+    running: list[str] = []
+
+    def one_replica_runs_it() -> bool:  # the board's posts come every 2 s
+        running[:] = [r["replica"] for r in pool(cluster) if "french-tutor" in r["running_adapters"]]
+        return len(running) == 1
+
+    eventually(one_replica_runs_it, "the board shows the replica running the stream", seconds=5)
+    (serving,) = running
+    actor = ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#EngineReplica#{serving}", namespace="serve")
+    killed_at = time.monotonic()
+    ray.kill(actor, no_restart=True)
+    rest = list(lines)
+    assert time.monotonic() - killed_at < 10, "the stream ended within seconds"
+    error = json.loads(rest[-1].removeprefix("data: "))["error"]
+    assert error["code"] == "replica_failed", rest[-1]
+
+    eventually(lambda: len(pool(cluster)) == 2 and serving not in {r["replica"] for r in pool(cluster)}, "replaced")
+    for adapter in SAMPLES:  # every adapter serves again, on the new replica or the other
+        assert complete(cluster, adapter, "Hello", 2).status_code == 200
+
+
+def test_an_ingress_restart_loses_nothing(cluster):
+    before = httpx.get(f"{cluster.url}/admin/adapters", headers=ADMIN).json()["data"]
+    (name,) = [n for n in ray.util.list_named_actors(all_namespaces=True) if "#Ingress#" in str(n)]
+    ray.kill(ray.get_actor(name["name"], namespace=name["namespace"]), no_restart=True)
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{cluster.url}/admin/adapters", headers=ADMIN, timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    eventually(answers, "a new ingress answers")
+    after = httpx.get(f"{cluster.url}/admin/adapters", headers=ADMIN).json()["data"]
+    assert [a["name"] for a in after] == [a["name"] for a in before]

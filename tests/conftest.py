@@ -6,7 +6,7 @@ import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -137,3 +137,29 @@ def peft_adapter_dir(model_dir, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("peft-adapter")
     get_peft_model(base, config).save_pretrained(path)
     return path
+
+
+# Debian's chromium driven by Playwright (never a browser Playwright downloads).
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():  # `make test` installs it; a bare pytest run may not have
+        pytest.fail(
+            f"{CHROMIUM} is missing: run `make install` (it installs Debian's chromium) or apt-get install chromium"
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()

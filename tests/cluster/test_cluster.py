@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from playwright.sync_api import expect
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraserve import SamplingParams
@@ -196,6 +197,18 @@ def test_cluster_views_label_each_replica(cluster):
         assert {s.labels["replica"] for s in families[name].samples} == {r["replica"] for r in replicas}
     (info,) = {s.labels["max_lora"] for s in families["vllm:lora_requests_info"].samples}
     assert info == "4"
+
+
+def test_the_admin_page_shows_the_replicas(cluster, browser):
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{cluster.url}/admin/ui/")
+    page.get_by_label("Admin token").fill(ADMIN_TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("button", name="Live").click()
+    expect(page.locator("#replica-list li")).to_have_count(2)
+    expect(page.locator("#slot-text")).to_contain_text("of 8 slots used")  # 4 on each replica
+    context.close()
 
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_is_replaced(cluster):

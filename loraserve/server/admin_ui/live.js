@@ -10,15 +10,18 @@ let previous = null;
 
 function parseMetrics(text) {
   const totals = { tokens: 0, ttftSum: 0, ttftCount: 0, itlSum: 0, itlCount: 0 };
+  const field = {
+    loraserve_generation_tokens_total: "tokens",
+    loraserve_time_to_first_token_seconds_sum: "ttftSum",
+    loraserve_time_to_first_token_seconds_count: "ttftCount",
+    loraserve_inter_token_latency_seconds_sum: "itlSum",
+    loraserve_inter_token_latency_seconds_count: "itlCount",
+  };
   for (const line of text.split("\n")) {
     if (!line || line.startsWith("#")) continue;
     const [series, value] = line.split(/ (?=[^ ]+$)/);
-    const number = Number(value);
-    if (series.startsWith("loraserve_generation_tokens_total")) totals.tokens += number;
-    else if (series === "loraserve_time_to_first_token_seconds_sum") totals.ttftSum = number;
-    else if (series === "loraserve_time_to_first_token_seconds_count") totals.ttftCount = number;
-    else if (series === "loraserve_inter_token_latency_seconds_sum") totals.itlSum = number;
-    else if (series === "loraserve_inter_token_latency_seconds_count") totals.itlCount = number;
+    const name = field[series.split("{")[0]]; // summed over labels: adapters, and a cluster's replicas
+    if (name) totals[name] += Number(value);
   }
   return { ...totals, time: performance.now() / 1000 };
 }
@@ -33,8 +36,38 @@ function meanOver(now, before, sum, count) {
   return n > 0 ? (1000 * (now[sum] - before[sum])) / n : 0;
 }
 
+// A cluster's /admin/pool lists its replicas (`loraserve cluster`): the meters show their sums, the list each one.
+function wholePool(answer) {
+  const replicas = answer.replicas;
+  if (!replicas) return answer;
+  const sum = (value) => replicas.reduce((total, replica) => total + value(replica), 0);
+  const sums = (part, keys) => Object.fromEntries(keys.map((key) => [key, sum((r) => r[part][key])]));
+  const first = replicas[0] ?? { pages: { block_size: 0, page_bytes: 0 } };
+  return {
+    pages: { ...sums("pages", ["total", "kv", "adapters", "free"]),
+      block_size: first.pages.block_size, page_bytes: first.pages.page_bytes },
+    prefix_cache: sums("prefix_cache", ["queried_tokens", "hit_tokens", "blocks"]),
+    adapter_slots: sums("adapter_slots", ["total", "used"]),
+    host_cache: sums("host_cache", ["bytes", "capacity_bytes"]),
+    ...Object.fromEntries(["running_sequences", "waiting_sequences", "adapter_loads", "adapter_evictions",
+      "adapter_disk_reads"].map((key) => [key, sum((r) => r[key])])),
+    host_adapters: replicas.flatMap((r) => r.host_adapters.map((name) => `${name} (${r.replica})`)),
+    device_adapters: replicas.flatMap((r) => r.device_adapters.map((a) => ({ ...a, name: `${a.name} on ${r.replica}` }))),
+  };
+}
+
+function showReplicas(replicas) {
+  $("replicas").hidden = !replicas;
+  $("replica-list").replaceChildren(...(replicas ?? []).map((r) => element("li", {},
+    `${r.replica} (node ${r.node.slice(0, 8)}): ${r.adapter_slots.used} of ${r.adapter_slots.total} slots, ` +
+    `${r.running_sequences} running, ${r.waiting_sequences} waiting; ` +
+    `${r.device_adapters.map((a) => a.name).join(", ") || "no adapter"} on the device`)));
+}
+
 export async function refreshLive() {
-  const [pool, metricsText] = await Promise.all([call("GET", "/admin/pool"), call("GET", "/metrics")]);
+  const [answer, metricsText] = await Promise.all([call("GET", "/admin/pool"), call("GET", "/metrics")]);
+  showReplicas(answer.replicas);
+  const pool = wholePool(answer);
   const pages = pool.pages;
   $("kv-meter").max = pages.total;
   $("kv-meter").value = pages.kv;

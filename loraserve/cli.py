@@ -126,7 +126,7 @@ def _cluster(args: argparse.Namespace) -> None:
     engine_config = _engine_config(args)
     cpus = args.replica_cpus or max(1.0, (os.cpu_count() or 1) // args.replicas)
     gpus = args.replica_gpus if args.replica_gpus is not None else float(engine_config.model.device == "cuda")
-    app = cluster_app(engine_config, config, args.replicas, cpus, gpus)
+    app = cluster_app(engine_config, config, args.replicas, cpus, gpus, routing=args.routing)
     if chosen_token is None:
         print(f"loraserve: admin token for this run (choose one with --admin-token): {config.admin_token}", flush=True)
     run_cluster(app, args.ray_address, args.host, args.port)
@@ -220,6 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     cluster.add_argument("--replica-cpus", type=float, help="CPUs per replica (default: this node's / --replicas)")
     cluster.add_argument("--replica-gpus", type=float, help="GPUs per replica (default: 1 with --device cuda, else 0)")
+    cluster.add_argument(
+        "--routing", choices=["affinity", "random"], default="affinity",
+        help="affinity (default): an adapter's requests go to a replica holding it; random: any replica (to compare)",
+    )  # fmt: skip
     cluster.set_defaults(run=_cluster)
 
     generate = commands.add_parser("generate", help="answer chat prompts offline and print the replies")
@@ -266,10 +270,11 @@ def main(argv: list[str] | None = None) -> None:
 
     bench = commands.add_parser(
         "bench",
-        help="compare with the peers on this machine: offline (vs transformers+peft, vLLM-CPU) or online (HTTP)",
-        description="loraserve bench offline|online|soak [options]; `loraserve bench offline -h` lists the options.",
+        help="compare with the peers on this machine: offline (vs transformers+peft, vLLM-CPU), online (HTTP), soak, "
+        "or cluster (1 replica against 2, affinity against random routing)",
+        description="loraserve bench offline|online|soak|cluster [options]; `loraserve bench KIND -h` lists them.",
     )
-    bench.add_argument("kind", choices=["offline", "online", "soak"])
+    bench.add_argument("kind", choices=["offline", "online", "soak", "cluster"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="passed to benchmarks/<kind>.py")
     bench.set_defaults(run=_bench)
 

@@ -6,13 +6,13 @@ Without such a server the test is skipped, saying why.
 from __future__ import annotations
 
 import getpass
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
+
+from benchmarks.postgres import scratch_database
 
 PG_SERVER = "127.0.0.1:5432"
 
@@ -35,16 +35,6 @@ def postgres_admin_url() -> str:
     pytest.skip(reason)
 
 
-@contextmanager
-def empty_database(admin_url: str) -> Iterator[str]:
+def empty_database(admin_url: str) -> AbstractContextManager[str]:
     """The URL of a new, empty database, dropped (with any connection left to it) on exit."""
-    name = f"loraserve_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    return scratch_database(admin_url, prefix="loraserve_test")

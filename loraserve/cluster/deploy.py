@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 APP_NAME = "loraserve"
 MAX_ONGOING_REQUESTS = 10_000  # Serve's default is 5; each engine queues and refuses (503 overloaded) on its own
 HEALTH_CHECK_SECONDS = 2.0
+ROUTINGS = ("affinity", "random")  # random: for comparisons (loraserve bench cluster)
 
 
 def cluster_app(
@@ -39,12 +40,15 @@ def cluster_app(
     replica_cpus: float,
     replica_gpus: float,
     app_name: str = APP_NAME,
+    routing: str = "affinity",
 ) -> Application:
     """The Serve application: the ingress over `replicas` engine replicas. ConfigError for a registry not shared."""
     if not (server_config.db_url or "").startswith("postgresql"):
         raise ConfigError("--db", "a cluster's replicas share one PostgreSQL registry (postgresql://...); not SQLite")
     if server_config.admin_token is None:
         raise ConfigError("--admin-token", "a cluster needs one admin token for every replica")
+    if routing not in ROUTINGS:
+        raise ConfigError("--routing", f"one of {', '.join(ROUTINGS)}, not {routing!r}")
     if replicas < 1:
         raise ConfigError("--replicas", "must be at least 1")
     server_config = replace(server_config, files_in_database=True)
@@ -59,7 +63,7 @@ def cluster_app(
         name="Ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=MAX_ONGOING_REQUESTS
     )(Ingress)
     replica_app = engine_replica.bind(engine_config, server_config, app_name)
-    return ingress.bind(replica_app, server_config.admin_token, app_name)
+    return ingress.bind(replica_app, server_config.admin_token, app_name, routing == "affinity")
 
 
 def run_cluster(app: Application, ray_address: str | None, host: str, port: int, app_name: str = APP_NAME) -> None:

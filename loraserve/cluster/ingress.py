@@ -84,10 +84,11 @@ def _with_headers(response: Response, start: ResponseStart) -> Response:
 # Serve freezes the class as it decorates it: what its methods call is defined above.
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, replicas: DeploymentHandle, admin_token: str, app_name: str) -> None:
+    def __init__(self, replicas: DeploymentHandle, admin_token: str, app_name: str, affinity: bool = True) -> None:
         self.replicas = replicas
         self.admin_token = admin_token
         self.board = board(app_name)
+        self.affinity = affinity  # False: any replica for any request (benchmarks compare the two)
 
     async def snapshots(self) -> list[dict[str, Any]]:
         return await self.board.snapshots.remote()
@@ -118,7 +119,7 @@ class Ingress:
         """The replica's answer to `request`, streamed; a JSON 503 if no replica could answer."""
         body = await request.body()
         base_model = next((s["model"] for s in await self.snapshots()), None)
-        adapter = adapter_of(request.url.path, body, base_model)
+        adapter = adapter_of(request.url.path, body, base_model) if self.affinity else ""
         forwarded = ForwardedRequest(
             request.method, request.url.path, request.url.query.encode(), request.headers.raw, body,
             (request.client.host, request.client.port) if request.client else None,

@@ -14,8 +14,8 @@ from playwright.sync_api import expect, sync_playwright
 
 from loraserve.config import ModelConfig
 from loraserve.models import load_model
-from tests.server.conftest import ADMIN_TOKEN, start_server
 from tests.conftest import CHROMIUM, CHROMIUM_FLAGS
+from tests.server.conftest import ADMIN_TOKEN, start_server
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PERSONAS = ("pirate", "robot", "shakespeare", "french-tutor")

@@ -89,6 +89,7 @@ class Ingress:
         self.admin_token = admin_token
         self.board = board(app_name)
         self.affinity = affinity  # False: any replica for any request (benchmarks compare the two)
+        self.base_model: str | None = None  # the base model's id, as the first replica to post says
 
     async def snapshots(self) -> list[dict[str, Any]]:
         return await self.board.snapshots.remote()
@@ -118,8 +119,9 @@ class Ingress:
     async def forward(self, request: Request) -> Response:
         """The replica's answer to `request`, streamed; a JSON 503 if no replica could answer."""
         body = await request.body()
-        base_model = next((s["model"] for s in await self.snapshots()), None)
-        adapter = adapter_of(request.url.path, body, base_model) if self.affinity else ""
+        if self.base_model is None:
+            self.base_model = next((s["model"] for s in await self.snapshots()), None)
+        adapter = adapter_of(request.url.path, body, self.base_model) if self.affinity else ""
         forwarded = ForwardedRequest(
             request.method, request.url.path, request.url.query.encode(), request.headers.raw, body,
             (request.client.host, request.client.port) if request.client else None,

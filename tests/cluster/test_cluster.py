@@ -173,6 +173,14 @@ def test_a_stream_running_while_its_adapter_is_deleted_finishes_and_then_it_is_g
     eventually(lambda: complete(cluster, "doomed", "Hi", 1).status_code == 404, "no replica serves it any more")
 
 
+def test_a_client_leaving_a_stream_aborts_its_request_on_the_replica(cluster):
+    lines = stream_lines(cluster, "pirate", max_tokens=2000)
+    assert next(lines).startswith("data: {")
+    eventually(lambda: any("pirate" in r["running_adapters"] for r in pool(cluster)), "running", seconds=5)
+    lines.close()  # the client goes away, a minute of tokens before the end
+    eventually(lambda: not any(r["running_sequences"] for r in pool(cluster)), "aborted on the replica", seconds=10)
+
+
 def test_a_pin_reaches_every_replica(cluster):
     pinned = httpx.post(f"{cluster.url}/admin/adapters/shakespeare/pin", headers=ADMIN)
     assert pinned.status_code == 200, pinned.text

@@ -151,7 +151,7 @@ CHROMIUM_FLAGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # not longer: Playwright's event loop would stay, and asyncio.run() fail, after it
 def browser() -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 

@@ -35,6 +35,7 @@ def _imports(path: Path) -> set[str]:
 # Layers by the first part of the module's path under loraserve/: higher ones may import lower ones.
 LAYERS = {
     "__init__": 4, "cli": 4, "admin_client": 4, "chat_client": 4, "samples": 4,
+    "cluster": 4,  # the single server, as Ray Serve replicas
     "server": 3,
     "engine": 2, "llm": 2, "registry": 2,
     "lora": 1, "models": 1,

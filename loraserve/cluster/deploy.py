@@ -23,7 +23,7 @@ from ray.serve import Application
 from loraserve.cluster.ingress import Ingress
 from loraserve.cluster.replica import EngineReplica
 from loraserve.config import EngineConfig, ServerConfig
-from loraserve.errors import ConfigError
+from loraserve.errors import ConfigError, LoraserveError
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,10 @@ def cluster_app(
 
 def run_cluster(app: Application, ray_address: str | None, host: str, port: int, app_name: str = APP_NAME) -> None:
     """Deploy `app` on the Ray cluster at `ray_address` (None: start a local one) and serve until SIGTERM or Ctrl-C."""
-    ray.init(address=ray_address, include_dashboard=False, log_to_driver=bool(os.environ.get("LORASERVE_RAY_LOGS")))
+    try:
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=bool(os.environ.get("LORASERVE_RAY_LOGS")))
+    except Exception as error:  # Ray's own errors name what failed; the caller only needs to know it did
+        raise LoraserveError(f"Ray could not start: {error}") from error
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name=app_name, route_prefix="/")

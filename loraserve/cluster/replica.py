@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -66,6 +67,7 @@ class EngineReplica:
         return {
             "replica": self.replica_id,
             "node": self.node_id,
+            "pid": os.getpid(),
             "model": self.state.model_name,
             "pool": json_view(stats),
             "metrics": self.state.metrics.render(stats).decode(),

@@ -9,8 +9,8 @@ from prometheus_client.utils import floatToGoString
 
 
 def pool_view(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
-    """/admin/pool of a cluster: each replica's own /admin/pool, with its id and node."""
-    return {"replicas": [{"replica": s["replica"], "node": s["node"], **s["pool"]} for s in snapshots]}
+    """/admin/pool of a cluster: each replica's own /admin/pool, with its id, node and process id."""
+    return {"replicas": [{"replica": s["replica"], "node": s["node"], "pid": s["pid"], **s["pool"]} for s in snapshots]}
 
 
 def holders(snapshots: list[dict[str, Any]], adapter: str) -> list[dict[str, str]]:

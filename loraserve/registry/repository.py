@@ -254,18 +254,20 @@ class Registry:
     def _insert(self, row: AdapterRow, files: Path | None) -> None:
         """Add the row (and, given the stored directory `files`, its content's bytes unless the database has them)."""
         with self._session(f"register adapter {row.name!r}") as session:
-            session.add(row)
             if files is not None and session.get(AdapterFilesRow, row.sha256) is None:
                 contents = [(files / name).read_bytes() for name in FILES]
                 session.add(AdapterFilesRow(sha256=row.sha256, config=contents[0], weights=contents[1]))
+            session.add(row)
             try:
-                announce(session, row.name)  # flushes the insert: a taken name raises here
+                announce(session, row.name)  # flushes the inserts: a taken name raises here
                 session.commit()
             except IntegrityError as error:
                 session.rollback()
                 if self.get(row.name) is not None:  # created by another caller since the check
                     raise AdapterExistsError(row.name) from error
-                raise
+                if files is None:
+                    raise
+                self._insert(AdapterRow(**_columns(row)), None)  # another server stored these bytes meanwhile
 
     def _change(self, name: str, **values: object) -> AdapterInfo:
         with self._session(f"update adapter {name!r}") as session:
@@ -294,3 +296,8 @@ class Registry:
             raise RegistryError(
                 f"cannot {action}: registry database {self._url} failed: {driver_message(error)}"
             ) from error
+
+
+def _columns(row: AdapterRow) -> dict[str, object]:
+    """A row's column values but its id (a fresh row of them can be added again after a rollback)."""
+    return {column.key: getattr(row, column.key) for column in AdapterRow.__table__.columns if column.key != "id"}

@@ -4,8 +4,12 @@ Skipped, saying why, when Ray cannot start or no PostgreSQL answers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,21 +23,18 @@ from playwright.sync_api import expect
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraserve import SamplingParams
-from loraserve.config import EngineConfig, ServerConfig
 from loraserve.resources import SAMPLE_ADAPTERS
 from tests.postgres_databases import empty_database, postgres_admin_url
 from tests.server.conftest import ADMIN, ADMIN_TOKEN, free_port
 from tests.server.test_admin_api import peft_files, upload, zipped
 
-ray = pytest.importorskip("ray", reason="loraserve cluster needs Ray Serve: pip install 'loraserve[ray]'")
-from ray import serve  # noqa: E402
-
-from loraserve.cluster.deploy import APP_NAME, cluster_app  # noqa: E402
+pytest.importorskip("ray", reason="loraserve cluster needs Ray Serve: pip install 'loraserve[ray]'")
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(600)]
 
 SAMPLES = ("pirate", "robot", "shakespeare", "french-tutor")
 FOLLOW_SECONDS = 30  # registry notes arrive in milliseconds, board posts every 2 s; a replica starts in ~15 s
+START_SECONDS = 180
 
 
 @dataclass
@@ -43,24 +44,55 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    with empty_database(postgres_admin_url()) as db_url:
+    """`loraserve cluster` in a process of its own, as an operator starts it (Ray in the test process would leave
+    an event loop behind for the tests after these)."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    port = free_port()
+    with empty_database(postgres_admin_url()) as db_url, (tmp / "cluster.log").open("w+") as log:
+        command = [
+            sys.executable, "-m", "loraserve.cli", "cluster", "--replicas", "2", "--replica-cpus", "1",
+            "--db", db_url, "--admin-token", ADMIN_TOKEN, "--port", str(port), "--data-dir", str(tmp / "node-disk"),
+            "--dtype", "float32", "--max-loras", "4", "--max-lora-rank", "16", "--num-pages", "512",
+            "--max-num-seqs", "32",
+        ]  # fmt: skip
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cluster = Cluster(f"http://127.0.0.1:{port}")
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        except Exception as error:  # whatever stops Ray, the reason is printed and the tests skip
-            print(f"Ray cannot start: {error}")
-            pytest.skip(f"Ray cannot start: {error}")
-        try:
-            port = free_port()
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            engine = EngineConfig.of(dtype="float32", max_loras=4, max_lora_rank=16, num_pages=512, max_num_seqs=32)
-            server = ServerConfig(data_dir=tmp_path_factory.mktemp("node-disk"), db_url=db_url, admin_token=ADMIN_TOKEN)
-            serve.run(cluster_app(engine, server, replicas=2, replica_cpus=1, replica_gpus=0), name=APP_NAME)
-            cluster = Cluster(f"http://127.0.0.1:{port}")
-            eventually(lambda: len(pool(cluster)) == 2, "both replicas post to the board")
+            deadline = time.monotonic() + START_SECONDS
+            while not replicas_up(cluster, 2):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    output = log.read()
+                    if "Ray could not start" in output:
+                        print(output)
+                        pytest.skip(f"Ray cannot start: {output.strip().splitlines()[-1]}")
+                    pytest.fail(f"the cluster did not come up within {START_SECONDS} s:\n{output[-4000:]}")
+                time.sleep(1)
             yield cluster
         finally:
-            serve.shutdown()
-            ray.shutdown()
+            process.send_signal(signal.SIGTERM)  # serve.delete, ray.shutdown
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def replicas_up(cluster: Cluster, count: int) -> bool:
+    try:
+        return len(pool(cluster)) == count
+    except httpx.HTTPError:
+        return False
+
+
+def pids_titled(title: str) -> list[int]:
+    """Processes whose command line holds `title` (Ray names its workers after their actor)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if title in cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+    return found
 
 
 def eventually(check: Callable[[], bool], what: str, seconds: float = FOLLOW_SECONDS) -> None:
@@ -155,7 +187,7 @@ def test_routing_keeps_an_adapter_on_the_replica_that_holds_it(cluster):
 
 
 def stream_lines(cluster: Cluster, model: str, max_tokens: int) -> Iterator[str]:
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body, timeout=120) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         yield from (line for line in response.iter_lines() if line)
@@ -230,9 +262,9 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_is_replac
 
     eventually(one_replica_runs_it, "the board shows the replica running the stream", seconds=5)
     (serving,) = running
-    actor = ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#EngineReplica#{serving}", namespace="serve")
+    (pid,) = [r["pid"] for r in pool(cluster) if r["replica"] == serving]
     killed_at = time.monotonic()
-    ray.kill(actor, no_restart=True)
+    os.kill(pid, signal.SIGKILL)
     rest = list(lines)
     assert time.monotonic() - killed_at < 10, "the stream ended within seconds"
     error = json.loads(rest[-1].removeprefix("data: "))["error"]
@@ -245,8 +277,8 @@ def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_is_replac
 
 def test_an_ingress_restart_loses_nothing(cluster):
     before = httpx.get(f"{cluster.url}/admin/adapters", headers=ADMIN).json()["data"]
-    (name,) = [n for n in ray.util.list_named_actors(all_namespaces=True) if "#Ingress#" in str(n)]
-    ray.kill(ray.get_actor(name["name"], namespace=name["namespace"]), no_restart=True)
+    (pid,) = pids_titled("ServeReplica:loraserve:Ingress")
+    os.kill(pid, signal.SIGKILL)
 
     def answers() -> bool:
         try:

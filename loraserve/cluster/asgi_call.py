@@ -64,6 +64,7 @@ async def call_asgi(app: ASGIApp, request: ForwardedRequest) -> AsyncIterator[Re
         return {"type": "http.disconnect"}
 
     app_task = asyncio.ensure_future(app(scope, receive, messages.put))
+    next_message: asyncio.Future[Message] | None = None
     try:
         while True:
             next_message = asyncio.ensure_future(messages.get())
@@ -81,6 +82,8 @@ async def call_asgi(app: ASGIApp, request: ForwardedRequest) -> AsyncIterator[Re
                 if not message.get("more_body", False):
                     return
     finally:
+        if next_message is not None:
+            next_message.cancel()
         gone.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(app_task), APP_EXIT_SECONDS)

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loraserve import SamplingParams
 from loraserve.resources import SAMPLE_ADAPTERS
+from loraserve.server.catalog import FULL_SYNC_SECONDS
 from tests.postgres_databases import empty_database, postgres_admin_url
 from tests.server.conftest import ADMIN, ADMIN_TOKEN, free_port
 from tests.server.test_admin_api import peft_files, upload, zipped
@@ -223,7 +224,12 @@ def test_a_pin_reaches_every_replica(cluster):
             for replica in pool(cluster)
         )
 
-    eventually(pinned_on_every_replica, "shakespeare pinned on both replicas")
+    try:
+        # The registry's note arrives in milliseconds; a replica that missed it finds the pin at its next full look.
+        eventually(pinned_on_every_replica, "shakespeare pinned on both replicas", FOLLOW_SECONDS + FULL_SYNC_SECONDS)
+    except AssertionError as error:
+        held = [(r["replica"], [(a["name"], a["pinned"]) for a in r["device_adapters"]]) for r in pool(cluster)]
+        raise AssertionError(f"{error}; on the device now: {held}") from None
     assert httpx.post(f"{cluster.url}/admin/adapters/shakespeare/unpin", headers=ADMIN).status_code == 200
 
 

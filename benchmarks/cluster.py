@@ -9,7 +9,8 @@ Zipf(--zipf-alpha) popularity, Poisson arrivals at --rate, greedy streams of --o
 this machine's cores (--replica-cpus = cores / replicas) and a PostgreSQL registry made for the run (on the server of
 --db, dropped after). Per setup: tokens/s, TTFT p50/p99, failed requests, adapter loads per 100 requests (the
 replicas' own counters: an adapter copied into a device slot) and the affinity hit rate (requests whose adapter was
-already in a slot of the replica that served them: 1 - loads / requests), measured after a warm-up pass.
+already in a slot of the replica that served them: 1 - loads / requests), measured after a warm-up pass of
+another draw.
 With 128 slots a replica can hold half of the adapters: affinity lets two replicas hold all of them between them,
 where random routing needs every replica to hold every adapter its requests name.
 """
@@ -58,7 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=240)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--max-loras", type=int, default=128, help="device slots per replica")
-    parser.add_argument("--warmup-passes", type=int, default=1, help="unmeasured passes of the same requests first")
+    parser.add_argument("--warmup-passes", type=int, default=1, help="unmeasured passes of other draws first")
+    parser.add_argument(
+        "--warmup-same", action="store_true",
+        help="warm up with the measured requests themselves: only the loads routing can avoid remain (no tail "
+        "adapter the warm-up did not draw)",
+    )  # fmt: skip
     parser.add_argument(
         "--db", default="postgresql://postgres@127.0.0.1:5432/test", help="a PostgreSQL to make the run's database on"
     )
@@ -77,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     results: list[SetupResult] = []
     with scratch_database(args.db, prefix="loraserve_bench") as db, tempfile.TemporaryDirectory() as tmp:
         paths = write_random_adapters(base.spec, args.adapters, Path(tmp) / "adapters", ("q_proj", "v_proj"), (8,))
-        requests = build_requests(base, args)
+        requests = build_requests(base, args, seed=0)
+        warmups = [build_requests(base, args, seed=0 if args.warmup_same else 1 + n) for n in range(args.warmup_passes)]
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": args.port})
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                 wait_for_replicas(url, replicas)
                 if index == 0:
                     upload_all(url, paths)
-                results.append(run_setup(url, replicas, routing, requests, args))
+                results.append(run_setup(url, replicas, routing, warmups, requests, args))
                 print(row(results[-1]), flush=True)
                 serve.delete(app_name)
         finally:
@@ -102,10 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         write_section(args.output, SECTION, body)
 
 
-def build_requests(base, args: argparse.Namespace) -> list[Request]:
-    prompts = prompt_token_ids(base.tokenizer, "chat", args.requests)
-    chosen = assign_adapters("zipf", args.requests, args.adapters, 0, args.zipf_alpha)
-    times = arrival_times(args.requests, args.rate)
+def build_requests(base, args: argparse.Namespace, seed: int) -> list[Request]:
+    prompts = prompt_token_ids(base.tokenizer, "chat", args.requests, seed)
+    chosen = assign_adapters("zipf", args.requests, args.adapters, seed, args.zipf_alpha)
+    times = arrival_times(args.requests, args.rate, seed=seed)
     return [Request(t, p, f"adapter-{k}", args.output_len) for t, p, k in zip(times, prompts, chosen, strict=True)]
 
 
@@ -130,11 +137,15 @@ def upload_all(url: str, paths: list[Path]) -> None:
     print(f"uploaded {len(paths)} adapters in {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def run_setup(url: str, replicas: int, routing: str, requests: list[Request], args: argparse.Namespace) -> SetupResult:
-    """The measured pass, after --warmup-passes of the same requests: the slots then hold what a service that has
-    been running holds, not what a cold start does (every adapter's first request loads it, whatever the routing)."""
-    for _ in range(args.warmup_passes):
-        run_load(url, requests, args.rate, SLO(1.0, 0.1))
+def run_setup(
+    url: str, replicas: int, routing: str, warmups: list[list[Request]], requests: list[Request],
+    args: argparse.Namespace,
+) -> SetupResult:  # fmt: skip
+    """The measured pass, after unmeasured passes of other draws from the same popularity: the slots then hold what
+    a service that has been running holds, not what a cold start does (every adapter's first request loads it,
+    whatever the routing); adapters of the tail the warm-up did not draw still load."""
+    for warmup in warmups:
+        run_load(url, warmup, args.rate, SLO(1.0, 0.1))
     time.sleep(BOARD_SECONDS)
     loads_before = sum(p["adapter_loads"] for p in pool(url))
     report = run_load(url, requests, args.rate, SLO(1.0, 0.1))
@@ -163,7 +174,8 @@ def render(results: list[SetupResult], args: argparse.Namespace) -> str:
             f"{args.adapters} adapters (rank 8, q/v), Zipf({args.zipf_alpha}) popularity, {args.requests} requests "
             f"at {args.rate:g}/s (Poisson), {args.output_len} tokens each, greedy, streamed through the ingress; "
             f"{args.max_loras} device slots per replica; the replicas share this machine's cores; measured after "
-            f"{args.warmup_passes} unmeasured pass(es) of the same requests.",
+            f"{args.warmup_passes} unmeasured pass(es) of "
+            f"{'the same requests' if args.warmup_same else 'another draw of as many requests'}.",
             "",
             "| replicas | routing | tokens/s | TTFT p50 ms | TTFT p99 ms | failed | adapter loads / 100 requests | "
             "affinity hit rate |",

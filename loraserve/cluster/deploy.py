@@ -63,7 +63,8 @@ def cluster_app(
         name="Ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=MAX_ONGOING_REQUESTS
     )(Ingress)
     replica_app = engine_replica.bind(engine_config, server_config, app_name)
-    return ingress.bind(replica_app, server_config.admin_token, app_name, routing == "affinity")
+    limits = (server_config.max_body_bytes, server_config.max_upload_bytes)
+    return ingress.bind(replica_app, server_config.admin_token, limits, app_name, routing == "affinity")
 
 
 def run_cluster(app: Application, ray_address: str | None, host: str, port: int, app_name: str = APP_NAME) -> None:

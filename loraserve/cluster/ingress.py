@@ -24,9 +24,10 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from loraserve.cluster.asgi_call import ForwardedRequest, ResponseStart
 from loraserve.cluster.board import board
 from loraserve.cluster.views import holders, merged_metrics, pool_view
-from loraserve.errors import ReplicaFailedError
+from loraserve.errors import PayloadTooLargeError, ReplicaFailedError
 from loraserve.server.app import PROMETHEUS_TEXT
 from loraserve.server.auth import check_admin_token
+from loraserve.server.body_limit import body_limit
 from loraserve.server.errors import domain_error_response, install_error_handlers, stream_error_event
 
 OPENAI_ROUTES = ("/v1/completions", "/v1/chat/completions")
@@ -70,6 +71,20 @@ async def _rest_of(answer: DeploymentResponseGenerator, start: ResponseStart) ->
         answer.cancel()  # the client left (or the stream ended): the replica aborts the request
 
 
+async def _capped_body(request: Request, limit: int, message: str) -> bytes:
+    """The body, read no further than `limit` bytes (a lying or missing Content-Length included): 413 past it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(message)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(message)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _what(error: Exception) -> str:
     """An error's kind and last line: a Ray error's text carries the replica's whole traceback."""
     lines = str(error).strip().splitlines()
@@ -84,9 +99,13 @@ def _with_headers(response: Response, start: ResponseStart) -> Response:
 # Serve freezes the class as it decorates it: what its methods call is defined above.
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, replicas: DeploymentHandle, admin_token: str, app_name: str, affinity: bool = True) -> None:
+    def __init__(
+        self, replicas: DeploymentHandle, admin_token: str, body_limits: tuple[int, int], app_name: str,
+        affinity: bool = True,
+    ) -> None:  # fmt: skip
         self.replicas = replicas
         self.admin_token = admin_token
+        self.body_limits = body_limits  # (max_body_bytes, max_upload_bytes): bodies are read whole here
         self.board = board(app_name)
         self.affinity = affinity  # False: any replica for any request (benchmarks compare the two)
         self.base_model: str | None = None  # the base model's id, as the first replica to post says
@@ -118,7 +137,7 @@ class Ingress:
 
     async def forward(self, request: Request) -> Response:
         """The replica's answer to `request`, streamed; a JSON 503 if no replica could answer."""
-        body = await request.body()
+        body = await _capped_body(request, *body_limit(request.method, request.url.path, *self.body_limits))
         if self.base_model is None:
             self.base_model = next((s["model"] for s in await self.snapshots()), None)
         adapter = adapter_of(request.url.path, body, self.base_model) if self.affinity else ""

@@ -334,9 +334,10 @@ class AdapterManager:
                 return
             if record.state is not S.LOADING:
                 return
-            # Only free room: who gets an evicted adapter's place is the scheduler's call,
-            # made in queue order by its next acquire (which may answer NO_SLOT).
-            if not record.reserved and not self._reserve(record, evict=False):
+            # Only free room: who gets an evicted adapter's place is the scheduler's call, made in
+            # queue order by its next acquire (which may answer NO_SLOT); but a pin, which no request
+            # may follow, takes an idle adapter's place now.
+            if not record.reserved and not self._reserve(record, evict=record.pinned):
                 self._move(record, S.ON_HOST)
                 return
         self.slots.write(record.slot, adapter)  # outside the lock: no step reads a reserved slot

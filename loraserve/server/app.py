@@ -90,7 +90,6 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         BodyLimitMiddleware,
         max_body_bytes=config.max_body_bytes,
         max_upload_bytes=config.max_upload_bytes,
-        upload_path="/admin/adapters",
     )
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {PROMETHEUS_TEXT: {}}}})

@@ -9,22 +9,29 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loraserve.errors import PayloadTooLargeError
 from loraserve.server.errors import error_body
 
+UPLOAD_PATH = "/admin/adapters"
+
+
+def body_limit(method: str, path: str, max_body_bytes: int, max_upload_bytes: int) -> tuple[int, str]:
+    """The bytes a request's body may take, and the message refusing more: an upload (POST to UPLOAD_PATH) may send
+    `max_upload_bytes`, every other request `max_body_bytes`."""
+    is_upload = method == "POST" and path == UPLOAD_PATH
+    limit = max_upload_bytes if is_upload else max_body_bytes
+    return limit, f"{'an adapter upload' if is_upload else 'a request body'} may be at most {limit} bytes"
+
 
 class BodyLimitMiddleware:
-    """Uploads (POST to `upload_path`) may send `max_upload_bytes`; every other request `max_body_bytes`."""
+    """Each request's body within `body_limit`."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_upload_bytes: int, upload_path: str) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_upload_bytes: int) -> None:
         self.app = app
-        self.max_body_bytes, self.max_upload_bytes, self.upload_path = max_body_bytes, max_upload_bytes, upload_path
+        self.max_body_bytes, self.max_upload_bytes = max_body_bytes, max_upload_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        is_upload = scope["method"] == "POST" and scope["path"] == self.upload_path
-        limit = self.max_upload_bytes if is_upload else self.max_body_bytes
-        what = "an adapter upload" if is_upload else "a request body"
-        message = f"{what} may be at most {limit} bytes"
+        limit, message = body_limit(scope["method"], scope["path"], self.max_body_bytes, self.max_upload_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _refuse(send, message)

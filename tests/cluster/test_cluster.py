@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loraserve import SamplingParams
 from loraserve.resources import SAMPLE_ADAPTERS
-from loraserve.server.catalog import FULL_SYNC_SECONDS
 from tests.postgres_databases import empty_database, postgres_admin_url
 from tests.server.conftest import ADMIN, ADMIN_TOKEN, free_port
 from tests.server.test_admin_api import peft_files, upload, zipped
@@ -214,6 +213,17 @@ def test_a_client_leaving_a_stream_aborts_its_request_on_the_replica(cluster):
     eventually(lambda: not any(r["running_sequences"] for r in pool(cluster)), "aborted on the replica", seconds=10)
 
 
+def test_a_body_past_the_limit_is_refused_at_the_ingress_before_it_is_read_whole(cluster):
+    too_big = b"{" + b" " * (8 << 20) + b"}"  # --max-body-bytes: 8 MiB
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        yield from (too_big[i : i + (1 << 20)] for i in range(0, len(too_big), 1 << 20))
+
+    for content in (too_big, chunked()):
+        refused = httpx.post(f"{cluster.url}/v1/completions", content=content, timeout=60)
+        assert refused.status_code == 413 and refused.json()["error"]["code"] == "payload_too_large", refused.text
+
+
 def test_a_pin_reaches_every_replica(cluster):
     pinned = httpx.post(f"{cluster.url}/admin/adapters/shakespeare/pin", headers=ADMIN)
     assert pinned.status_code == 200, pinned.text
@@ -225,8 +235,7 @@ def test_a_pin_reaches_every_replica(cluster):
         )
 
     try:
-        # The registry's note arrives in milliseconds; a replica that missed it finds the pin at its next full look.
-        eventually(pinned_on_every_replica, "shakespeare pinned on both replicas", FOLLOW_SECONDS + FULL_SYNC_SECONDS)
+        eventually(pinned_on_every_replica, "shakespeare pinned on both replicas")
     except AssertionError as error:
         held = [(r["replica"], [(a["name"], a["pinned"]) for a in r["device_adapters"]]) for r in pool(cluster)]
         raise AssertionError(f"{error}; on the device now: {held}") from None

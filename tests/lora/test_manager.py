@@ -127,6 +127,23 @@ def test_pinned_adapter_stays_and_one_slot_always_stays_unpinned():
     assert set(device_names(manager)) == {"a", "c"}, "b was evicted, the pinned a stayed"
 
 
+def test_pinning_an_unread_adapter_takes_an_idle_slot_when_none_is_free():
+    manager = tiny_adapter_manager(num_slots=3)
+    for seed, name in enumerate("abc"):
+        register_tiny(manager, name, seed)
+    for name in "ab":
+        assert acquire_when_loaded(manager, name) is Residency.READY
+        manager.release(name)
+    assert manager.slots.num_free == 1
+    assert acquire_when_loaded(manager, "c") is Residency.READY  # every slot taken, all idle once c is released
+    manager.release("c")
+    register_tiny(manager, "d", seed=3)
+    manager.set_pinned("d", True)  # never read: its size is known only after the read, off this thread
+    assert manager.wait_idle()
+    assert manager.residency("d") == "device", "no request follows a pin: it evicts an idle adapter itself"
+    assert set(device_names(manager)) == {"b", "c", "d"}, "a was used least recently"
+
+
 def test_unregister_frees_the_slot_and_the_name():
     manager = tiny_adapter_manager(num_slots=1)
     register_tiny(manager, "a", seed=0)

@@ -7,7 +7,6 @@ it measured), never from constants: three times what it may run at once, all at 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -51,26 +50,38 @@ async def stream_chat(client: httpx.AsyncClient, index: int) -> dict[str, float 
         return {"status": 200, "ttft": first, "done": time.monotonic() - sent}
 
 
-async def burst(url: str, size: int) -> tuple[list[dict], list[tuple[float, float]]]:
-    """`size` streamed chats at once, and (running, cap) read from /metrics every 50 ms meanwhile."""
-    samples: list[tuple[float, float]] = []
+async def burst(url: str, size: int) -> list[dict]:
+    """`size` streamed chats at once."""
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=size + 4)) as client:
-        sending = asyncio.gather(*(stream_chat(client, i) for i in range(size)))
-        while not sending.done():
-            metrics = (await client.get("/metrics")).text
-            samples.append((gauge(metrics, "running_sequences"), gauge(metrics, "running_cap")))
-            await asyncio.sleep(0.05)
-        return await sending, samples
+        return await asyncio.gather(*(stream_chat(client, i) for i in range(size)))
 
 
-def test_past_capacity_refusals_are_quick_503s_and_the_admitted_meet_the_ttft(slo_server):
-    warm = asyncio.run(burst(slo_server.url, 8))[0]  # steps of several batch sizes teach the costs
+def record_batch_sizes(scheduler, monkeypatch) -> list[tuple[int, int, int]]:
+    """(running before, cap, running after) for every scheduling decision from now on: the cap moves
+    with each step's measured time, so gauges sampled between steps cannot tell which cap let a
+    sequence in."""
+    decisions: list[tuple[int, int, int]] = []
+    schedule = scheduler.schedule
+
+    def observed_schedule():
+        before, cap = len(scheduler.running), scheduler.admission.running_cap
+        batch = schedule()
+        decisions.append((before, cap, len(scheduler.running)))
+        return batch
+
+    monkeypatch.setattr(scheduler, "schedule", observed_schedule)
+    return decisions
+
+
+def test_past_capacity_refusals_are_quick_503s_and_the_admitted_meet_the_ttft(slo_server, monkeypatch):
+    warm = asyncio.run(burst(slo_server.url, 8))  # steps of several batch sizes teach the costs
     assert all(result["status"] == 200 for result in warm)
     wait_until_idle(slo_server.engine)
     cap = int(gauge(httpx.get(f"{slo_server.url}/metrics").text, "running_cap"))
     assert 1 <= cap <= SchedulerConfig.max_num_seqs
 
-    results, samples = asyncio.run(burst(slo_server.url, 3 * cap + 8))
+    decisions = record_batch_sizes(slo_server.engine.engine.scheduler, monkeypatch)
+    results = asyncio.run(burst(slo_server.url, 3 * cap + 8))
     refused = [r for r in results if r["status"] != 200]
     admitted = [r for r in results if r["status"] == 200]
     assert refused, f"3 x the cap ({cap}) at once: some must be refused"
@@ -82,9 +93,8 @@ def test_past_capacity_refusals_are_quick_503s_and_the_admitted_meet_the_ttft(sl
     assert admitted and all(float(str(r["ttft"])) <= 2 * TTFT for r in admitted), admitted
     # The cap follows the step times it measures (here they include this process's HTTP clients), and
     # may drop below a batch admitted earlier; what must never happen is the batch growing past it.
-    pairs = itertools.pairwise(samples)
-    grown = [(now, max(cap_before, cap)) for (before, cap_before), (now, cap) in pairs if now > before]
-    assert grown and all(running <= running_cap for running, running_cap in grown), samples
+    grown = [(after, cap) for before, cap, after in decisions if after > before]
+    assert grown and all(after <= cap for after, cap in grown), decisions
     metrics = httpx.get(f"{slo_server.url}/metrics").text
     assert gauge(metrics, "refused_overloaded") == len(refused)
     assert httpx.get(f"{slo_server.url}/health").status_code == 200, "overload is not a failure"

@@ -1,9 +1,10 @@
 """Building the CPU kernels (C++ sources beside the modules that call them) with the host's compiler.
 
 A kernel is built on first use with `$CXX`, else `c++` (a few seconds, once), for this very
-CPU (-march=native), and kept in a cache directory under a name that hashes the source, the
-flags and the CPU's features, so a changed kernel or another machine sharing the directory
-gets its own build. Without a compiler `load_library` says why and returns None, and the
+CPU (-march=native; LORASERVE_CPU_MARCH=x86-64-v3 builds for AVX2 + FMA only, so an AVX-512
+machine runs and tests the AVX2 paths), and kept in a cache directory under a name that hashes
+the source, the flags and the CPU's features, so a changed kernel or another machine sharing
+the directory gets its own build. Without a compiler `load_library` says why and returns None, and the
 caller keeps to its torch path.
 """
 
@@ -23,7 +24,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 # -fno-math-errno: expf and friends need not set errno, so loops over them vectorize.
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+MARCH_VARIABLE = "LORASERVE_CPU_MARCH"
 
 
 SHARED_HEADER = Path(__file__).with_name("cpu_vectors.h")  # the helpers every kernel includes
@@ -33,24 +35,35 @@ class KernelBuildError(RuntimeError):
     pass
 
 
+def target_march() -> str:
+    """The -march the kernels are built for: `native` unless LORASERVE_CPU_MARCH names another."""
+    return os.environ.get(MARCH_VARIABLE) or "native"
+
+
+def load_library(source: Path, cache_dir: Path, fallback: str, march: str | None = None) -> ctypes.CDLL | None:
+    """The library built from `source` for this machine (building it if needed) and `march`
+    (default: target_march()), or None with a warning that names `fallback` (what runs instead)
+    and the reason."""
+    return _load_library(source, cache_dir, fallback, march or target_march())
+
+
 @functools.cache
-def load_library(source: Path, cache_dir: Path, fallback: str) -> ctypes.CDLL | None:
-    """The library built from `source` for this machine (building it if needed), or None with a
-    warning that names `fallback` (what runs instead) and the reason."""
+def _load_library(source: Path, cache_dir: Path, fallback: str, march: str) -> ctypes.CDLL | None:
     try:
-        return ctypes.CDLL(str(build(source, cache_dir)))
+        return ctypes.CDLL(str(build(source, cache_dir, march)))
     except (KernelBuildError, OSError) as error:
         log.warning("%s: %s", fallback, error)
         return None
 
 
-def build(source: Path, cache_dir: Path) -> Path:
-    """Compile `source` into cache_dir unless this exact build is there already."""
+def build(source: Path, cache_dir: Path, march: str = "native") -> Path:
+    """Compile `source` for `march` into cache_dir unless this exact build is there already."""
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
         raise KernelBuildError("no C++ compiler found (set CXX, or install g++)")
+    flags = (*FLAGS, f"-march={march}", *(("-mtune=native",) if march != "native" else ()))
     key = hashlib.sha256(source.read_bytes() + SHARED_HEADER.read_bytes())
-    key.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_features())).encode())
+    key.update(" ".join((compiler, *flags, platform.machine(), _cpu_features())).encode())
     target = cache_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -59,7 +72,7 @@ def build(source: Path, cache_dir: Path) -> Path:
     # Built under a temporary name and renamed: processes building at once never load half a file.
     with tempfile.TemporaryDirectory(dir=cache_dir) as scratch:
         built = Path(scratch) / target.name
-        command = [compiler, *FLAGS, f"-I{SHARED_HEADER.parent}", "-o", str(built), str(source)]
+        command = [compiler, *flags, f"-I{SHARED_HEADER.parent}", "-o", str(built), str(source)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelBuildError(f"{compiler} failed on {source.name}:\n{result.stderr[-2000:]}")

@@ -1,0 +1,122 @@
+"""The CPU matmuls with narrow weights (linear_cpu.cpp) against float64 torch references, for every
+decode row count 1..64 and odd shapes, in the build for this CPU and the AVX2 + FMA build
+(LORASERVE_CPU_MARCH=x86-64-v3), which an AVX-512 machine runs too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loraserve.models.cpu_linear import (
+    BLOCK,
+    MAX_INT8_KERNEL_ROWS,
+    Int8Weights,
+    LinearKernel,
+    NarrowMatmul,
+    load_linear_kernel,
+    quantize_q8_0,
+)
+
+CPU_FLAGS = next(
+    (line.split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), []
+)
+MARCHES = ["native", *(["x86-64-v3"] if {"avx2", "fma", "f16c"} <= set(CPU_FLAGS) else [])]
+SHAPES = [(576, 960), (1536, 576), (33, 7), (130, 70)]  # (in, out): the default model's, and odd ones
+ROWS = range(1, 65)
+
+
+@pytest.fixture(scope="module", params=MARCHES)
+def kernel(request, tmp_path_factory) -> LinearKernel:
+    built = load_linear_kernel(tmp_path_factory.mktemp("kernels"), request.param)
+    assert built is not None, "the kernel must build where g++ is installed"
+    return built
+
+
+def accumulation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What float32 sums of these products may be off by, in any order: K * 2^-24 * sum |x w|."""
+    return x.shape[1] * 2.0**-24 * (x.abs().double() @ w.abs().double().T) + 1e-30
+
+
+def q8_0_reference(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
+    """x quantized as the kernel does (blocks of 32, float32 scale absmax / 127, nearest), integer
+    dot products per block, scaled by both blocks' scales, summed in float64."""
+    rows, in_features = x.shape
+    padded = weights.values.shape[1]
+    blocks = F.pad(x, (0, padded - in_features)).view(rows, -1, BLOCK)
+    scale = blocks.abs().amax(dim=-1) / 127
+    inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    values = torch.round(blocks * inverse.unsqueeze(-1)).double()
+    dots = torch.einsum("rbk,obk->rob", values, weights.values.view(weights.values.shape[0], -1, BLOCK).double())
+    return (dots * scale.double().unsqueeze(1) * weights.scales.double().unsqueeze(0)).sum(-1)
+
+
+@pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
+def test_bfloat16_weights_give_the_float32_sums_of_their_products(kernel, in_features, out_features):
+    generator = torch.Generator().manual_seed(in_features)
+    w = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    packed = kernel.pack_bfloat16(w)
+    x_all = torch.randn(max(ROWS), in_features, generator=generator)
+    for rows in ROWS:
+        x = x_all[:rows]
+        reference = x.double() @ w.double().T
+        error = (kernel.bfloat16_weights(x, packed).double() - reference).abs()
+        assert (error <= accumulation_bound(x, w)).all(), (rows, error.max())
+        # bfloat16 activations: widened, summed alike, the result rounded once to bfloat16
+        x16 = x.bfloat16()
+        y16 = kernel.bfloat16_weights(x16, packed)
+        assert y16.dtype == torch.bfloat16
+        reference16 = x16.double() @ w.double().T
+        bound16 = accumulation_bound(x16, w) + reference16.abs() * 2.0**-8
+        assert ((y16.double() - reference16).abs() <= bound16).all(), rows
+
+
+@pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
+def test_int8_weights_give_q8_0_dot_products(kernel, in_features, out_features):
+    generator = torch.Generator().manual_seed(out_features)
+    weights = quantize_q8_0(torch.randn(out_features, in_features, generator=generator))
+    x_all = torch.randn(max(ROWS), in_features, generator=generator) * 3
+    for rows in ROWS:
+        x = x_all[:rows]
+        reference = q8_0_reference(x, weights)
+        error = (kernel.int8_weights(x, weights).double() - reference).abs()
+        bound = accumulation_bound(x, weights.widened(torch.float32)) * 4 + reference.abs() * 1e-6
+        assert (error <= bound).all(), (rows, error.max())
+
+
+def test_the_avx2_build_uses_avx2_and_the_native_one_the_best_the_cpu_has(kernel, request):
+    march = request.node.callspec.params["kernel"]
+    if march == "x86-64-v3":
+        assert kernel.int8_path == "avx2"
+    elif {"avx512_vnni", "avx512bw"} <= set(CPU_FLAGS):
+        assert kernel.int8_path == "avx512-vnni"
+
+
+def test_q8_0_blocks_are_llama_cpp_s_absmax_over_127():
+    weight = torch.zeros(2, 70)
+    weight[0, :32] = torch.linspace(-2.54, 1.0, 32)  # absmax 2.54: scale 0.02, -2.54 -> -127
+    weight[1, 40] = 5.0  # a lone value in the second block; the padding to 128 is zero blocks
+    weights = quantize_q8_0(weight)
+    assert weights.values.shape == (2, 128) and weights.scales.shape == (2, 4)
+    assert weights.scales[0, 0].item() == pytest.approx(0.02, rel=1e-3) and weights.values[0, 0] == -127
+    assert weights.scales[1].tolist() == [0.0, pytest.approx(5 / 127, rel=1e-3), 0.0, 0.0]
+    assert weights.values[1, 40] == 127 and int(weights.values[1].abs().sum()) == 127
+    assert weights.values[:, 70:].abs().sum() == 0
+    widened = weights.widened(torch.float32)
+    assert widened.shape == (2, 70)
+    assert ((widened - weight).abs() <= weights.scales.float().repeat_interleave(BLOCK, 1)[:, :70] / 2 + 1e-6).all()
+
+
+def test_int8_prompts_past_the_kernel_rows_go_to_torch_on_the_widened_weight(kernel):
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(40, 96, generator=generator)
+    matmul = NarrowMatmul(kernel, weight, "int8")
+    assert matmul.int8 is not None
+    x = torch.randn(MAX_INT8_KERNEL_ROWS + 1, 96, generator=generator)
+    torch.testing.assert_close(matmul(x), F.linear(x, matmul.int8.widened(torch.float32)))
+    bfloat16 = NarrowMatmul(kernel, weight, "bfloat16")
+    assert bfloat16.nbytes >= 40 * 96 * 2  # half of float32's, outputs padded to whole panels
+    error = (bfloat16(x).double() - x.double() @ weight.bfloat16().double().T).abs()
+    assert (error <= accumulation_bound(x, weight.bfloat16())).all()

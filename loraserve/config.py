@@ -23,6 +23,7 @@ MAX_STOP_STRINGS = 32
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+WEIGHTS = ("auto", "float32", "bfloat16", "int8")
 DEVICES = ("cpu", "cuda")
 
 
@@ -76,6 +77,11 @@ class ModelConfig(Settings):
     dtype: str = setting(
         "auto", "auto = bfloat16 where the hardware has it natively, else float32", choices=DTYPES,
         env="LORASERVE_DTYPE",
+    )  # fmt: skip
+    weights: str = setting(
+        "auto", "how the base model's matmul weights are held: auto = bfloat16 on a CPU computing in float32 "
+        "(--dtype auto without native bf16), else as --dtype; int8 = llama.cpp's q8_0 blocks (CPU)",
+        choices=WEIGHTS, env="LORASERVE_WEIGHTS",
     )  # fmt: skip
     device: str = setting("cpu", "where the model runs", choices=DEVICES, env="LORASERVE_DEVICE")
     cache_dir: Path = field(default_factory=default_cache_dir)

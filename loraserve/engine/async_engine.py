@@ -28,6 +28,7 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request
 from loraserve.errors import EngineDeadError
 from loraserve.lora.adapter import LoraAdapter
+from loraserve.models.dtypes import dtype_name
 from loraserve.openmp import keep_serial
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class AsyncLLMEngine:
         self.engine = engine
         # What the server reads of the engine, fixed for its life: routes never reach past this object into LLMEngine.
         self.model_name: str = engine.loaded.name
+        # What the numbers are: the activations' dtype and how the matmul weights are held (may be narrower).
+        self.precision = {"compute": dtype_name(engine.loaded.dtype), "weights": engine.loaded.weights}
         self.tokenizer: PreTrainedTokenizerBase = engine.tokenizer
         self.max_prompt_chars: int = engine.max_prompt_chars
         self.on_death = on_death  # called from the engine thread once the loop has stopped for good

@@ -1,10 +1,13 @@
-"""Pick the compute dtype: bfloat16 where the hardware does it natively, float32 otherwise."""
+"""Pick the compute dtype (bfloat16 where the hardware does it natively, float32 otherwise) and how
+the weights are held (as the compute dtype, or narrower on the CPU: cpu_linear.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from loraserve.errors import ConfigError
 
 _NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _NATIVE_BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16"}
@@ -35,3 +38,19 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name != "auto":
         return _NAMED[name]
     return torch.bfloat16 if device == "cuda" or cpu_has_native_bf16() else torch.float32
+
+
+def resolve_weights(name: str, dtype_setting: str, dtype: torch.dtype, device: str) -> str:
+    """Map `--weights` to how the matmul weights are held: the compute dtype's name, or a narrower
+    'bfloat16' / 'int8' that only the CPU kernel computes with. `auto` narrows to bfloat16 where
+    `--dtype auto` chose float32 on a CPU (no native bf16): half the bytes a decode step reads."""
+    compute = dtype_name(dtype)
+    if name == "auto":
+        return "bfloat16" if device == "cpu" and dtype_setting == "auto" and dtype == torch.float32 else compute
+    if name == compute:
+        return name
+    if device != "cpu":
+        raise ConfigError("--weights", f"weights narrower than the compute dtype are for the CPU; use {compute}")
+    if name == "float32" or (name == "bfloat16" and dtype != torch.float32):
+        raise ConfigError("--weights", f"{name} weights with {compute} compute: the weights may not be wider")
+    return name

@@ -1,4 +1,5 @@
-"""A linear layer whose weight can be pre-packed for oneDNN on the CPU.
+"""A linear layer whose weight can be pre-packed for oneDNN on the CPU, or held narrower than the activations
+(bfloat16 or int8 blocks, cpu_linear.py).
 
 Measured here (2 cores with AVX512-BF16/AMX): a bfloat16 decode matmul with the weight reordered once into oneDNN's
 blocked layout runs about 2x faster than `F.linear` (weights stream from memory every step, and the packed layout
@@ -9,6 +10,7 @@ is the mode that must match transformers token for token.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +45,12 @@ class Linear(nn.Module):
         self.weight = empty_param(out_features, in_features, dtype=dtype, device=device)
         self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
         self.is_packed = False
+        self.narrow: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by hold_narrow
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.narrow is not None:
+            out = self.narrow(x)
+            return out if self.bias is None else out.add_(self.bias)
         if self.is_packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -55,6 +61,11 @@ class Linear(nn.Module):
             torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACKING_BATCH_HINT), requires_grad=False
         )
         self.is_packed = True
+
+    def hold_narrow(self, narrow: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        """Keep the weight only as `narrow(weight)` (cpu_linear.NarrowMatmul), which computes the matmul."""
+        self.narrow = narrow(self.weight.data)
+        self.weight = None  # type: ignore[assignment]
 
 
 def empty_param(*shape: int, dtype: torch.dtype, device: str) -> nn.Parameter:

@@ -6,6 +6,7 @@ sequences, through `AttentionMetadata`. q/k/v and gate/up are fused into one mat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -203,7 +204,7 @@ class LlamaForCausalLM(nn.Module):
         lora: LoraDelta | None = None,  # None: no row of the step uses an adapter
     ) -> torch.Tensor:  # [T, hidden] after the final norm
         cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # [T, head_dim] each
-        x, residual = F.embedding(input_ids, self.embed_tokens), None
+        x, residual = F.embedding(input_ids, self.embed_tokens).to(self.dtype), None
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
             x, residual = layer(x, residual, cos, sin, kv_cache, metadata, lora)
         return self.norm(x, residual)[0]
@@ -225,8 +226,16 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head.weight is self.embed_tokens:
             self.lm_head.weight = nn.Parameter(self.embed_tokens.detach().clone(), requires_grad=False)
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, Linear) and module.narrow is None:
                 module.pack()
+
+    def hold_narrow_weights(self, narrow: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> None:
+        """After loading: every matmul weight held as `narrow(weight)` (cpu_linear.NarrowMatmul), and the
+        embedding table, which is only looked up a row at a time, in bfloat16."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.hold_narrow(narrow)
+        self.embed_tokens = nn.Parameter(self.embed_tokens.data.to(torch.bfloat16), requires_grad=False)
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, slice]]:
         """Every HF checkpoint tensor name this model needs -> (parameter, rows it fills)."""

@@ -14,8 +14,9 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from loraserve.config import ModelConfig
 from loraserve.errors import ModelLoadError
+from loraserve.models.cpu_linear import NarrowMatmul, load_linear_kernel
 from loraserve.models.default_model import MODEL_NAME, default_model_dir
-from loraserve.models.dtypes import resolve_dtype
+from loraserve.models.dtypes import dtype_name, resolve_dtype, resolve_weights
 from loraserve.models.llama import LlamaForCausalLM, LlamaSpec
 from loraserve.models.rope import RotaryEmbedding
 
@@ -35,8 +36,9 @@ class LoadedModel:
     name: str  # the id clients use for the base model
     model_dir: Path
     eos_token_ids: frozenset[int]
-    dtype: torch.dtype
+    dtype: torch.dtype  # of the activations and the sums
     device: str
+    weights: str  # how the matmul weights are held: the dtype's name, or 'bfloat16' / 'int8' narrower
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
@@ -48,6 +50,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         name = model_dir.resolve().name
     hf_config = _read_hf_config(model_dir)
     dtype = resolve_dtype(config.dtype, config.device)
+    weights = resolve_weights(config.weights, config.dtype, dtype, config.device)
     spec = LlamaSpec.from_hf_config(hf_config)
     rope = RotaryEmbedding(hf_config, spec.head_dim, spec.max_positions, dtype, config.device)
     model = LlamaForCausalLM(spec, rope, dtype, config.device)
@@ -55,7 +58,10 @@ def load_model(config: ModelConfig) -> LoadedModel:
         _random_weights(model)
     else:
         _load_weights(model, model_dir)
+    if weights != dtype_name(dtype):
+        weights = _hold_narrow(model, weights, config)
     model.pack_weights()
+    logger.info("%s: %s compute, %s weights", name, dtype_name(dtype), weights)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return LoadedModel(
         model=model.eval(),
@@ -65,7 +71,20 @@ def load_model(config: ModelConfig) -> LoadedModel:
         eos_token_ids=_eos_token_ids(model_dir, tokenizer),
         dtype=dtype,
         device=config.device,
+        weights=weights,
     )
+
+
+def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig) -> str:
+    """Hold the matmul weights as `weights` through the CPU kernel; returns how they are held. Without
+    the kernel (no compiler): an error when asked for by name, else (auto) the compute dtype's."""
+    kernel = load_linear_kernel(config.cache_dir / "kernels")
+    if kernel is None:
+        if config.weights == weights:
+            raise ModelLoadError(f"--weights {weights} needs the CPU matmul kernel, which could not be built")
+        return dtype_name(model.dtype)
+    model.hold_narrow_weights(lambda weight: NarrowMatmul(kernel, weight, weights))
+    return weights
 
 
 def _read_hf_config(model_dir: Path) -> PretrainedConfig:

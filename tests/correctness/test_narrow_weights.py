@@ -1,0 +1,74 @@
+"""Weights narrower than the activations (--weights): bfloat16 weights with float32 compute give
+transformers' greedy tokens on the same bfloat16-rounded weights upcast to float32, in the build for
+this CPU and the AVX2 one; int8 (q8_0) stays close to float32."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from loraserve import LLM, SamplingParams
+from loraserve.errors import ConfigError
+from loraserve.models.cpu_linear import NarrowMatmul
+from loraserve.models.dtypes import resolve_weights
+from sgmv_kernels.build import MARCH_VARIABLE
+from tests.conftest import CHAT_PROMPTS
+from tests.kernels.test_cpu_linear import MARCHES
+
+MAX_TOKENS = 24
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def hf_bfloat16_weights(hf_model) -> torch.nn.Module:
+    """transformers' model with every weight rounded to bfloat16 and held in float32 again."""
+    rounded = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for parameter in rounded.parameters():
+            parameter.copy_(parameter.bfloat16().float())
+    return rounded
+
+
+def greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)  # type: ignore[operator]
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("march", MARCHES)
+def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march, hf_bfloat16_weights, monkeypatch):
+    monkeypatch.setenv(MARCH_VARIABLE, march)
+    llm = LLM(dtype="float32", weights="bfloat16", num_pages=256)
+    assert llm.engine.loaded.weights == "bfloat16"
+    narrow = llm.engine.loaded.model.lm_head.narrow
+    assert isinstance(narrow, NarrowMatmul) and (march == "native" or narrow.kernel.int8_path == "avx2")
+    prompts = [llm.chat_prompt_ids(conv) for conv in CHAT_PROMPTS]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [greedy(hf_bfloat16_weights, p) for p in prompts]
+
+
+def test_int8_weights_keep_the_first_token_and_logprobs_near_float32(hf_model):
+    llm = LLM(dtype="float32", weights="int8", num_pages=256)
+    prompts = [llm.chat_prompt_ids(conv) for conv in CHAT_PROMPTS]
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    for prompt, output in zip(prompts, llm.generate(prompts, params, use_tqdm=False), strict=True):
+        with torch.inference_mode():
+            reference = hf_model(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
+        entry = output.outputs[0].logprobs[0]
+        assert entry.token_id == int(reference.argmax())
+        for token_id, logprob in entry.top.items():
+            assert logprob == pytest.approx(reference[token_id].item(), abs=0.25)
+
+
+def test_auto_holds_bfloat16_weights_only_where_float32_compute_was_chosen_for_the_cpu():
+    assert resolve_weights("auto", "auto", torch.float32, "cpu") == "bfloat16"
+    assert resolve_weights("auto", "float32", torch.float32, "cpu") == "float32"  # asked for: exact
+    assert resolve_weights("auto", "auto", torch.bfloat16, "cpu") == "bfloat16"
+    assert resolve_weights("int8", "auto", torch.bfloat16, "cpu") == "int8"
+    for name, dtype, device in [("float32", torch.bfloat16, "cpu"), ("int8", torch.bfloat16, "cuda")]:
+        with pytest.raises(ConfigError) as refused:
+            resolve_weights(name, "auto", dtype, device)
+        assert refused.value.field == "--weights"

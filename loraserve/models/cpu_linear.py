@@ -3,9 +3,8 @@
 A decode step's time is the weights' bytes over the memory bandwidth. On a CPU without a
 bfloat16 dot product the activations stay float32, and the weights need not: bfloat16 weights
 are widened in registers (half of float32's bytes), int8 blocks as llama.cpp's q8_0 quantizes
-them (a quarter; integer dot products). bfloat16 weights go through the kernel for any rows
-(its GEMM tiles keep up with torch's float32 GEMM); int8 prompts past MAX_INT8_KERNEL_ROWS
-rows go to torch's GEMM on the weight widened for the call.
+them (a quarter; integer dot products). Prompts go through the kernel too: its tiles are a
+GEMM's, and keep up with torch's float32 GEMM.
 
 Built on first use for this machine (sgmv_kernels/build.py); without a compiler
 `load_linear_kernel` says why and returns None.
@@ -25,8 +24,6 @@ from sgmv_kernels.build import load_library
 
 SOURCE = Path(__file__).with_name("linear_cpu.cpp")
 BLOCK = 32  # int8 weights: elements one scale covers (q8_0's block)
-ROW_ALIGNMENT = 64  # linear_cpu.cpp reads int8 rows two blocks a vector: rows are padded to this
-MAX_INT8_KERNEL_ROWS = 64  # int8 prompts: torch's GEMM on the widened weight does better
 _ACTIVATIONS = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 _P, _I, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
@@ -45,8 +42,22 @@ class PackedBfloat16:
 
 
 @dataclass(frozen=True)
+class PackedInt8:
+    """A [out_features, in_features] weight as q8_0 blocks in the kernel's panels (linear_cpu.cpp)."""
+
+    values: torch.Tensor  # int8, flat
+    scales: torch.Tensor  # float16, flat
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + self.scales.nbytes
+
+
+@dataclass(frozen=True)
 class Int8Weights:
-    """A [out_features, in_features] weight as q8_0 blocks: rows padded with zero blocks to ROW_ALIGNMENT."""
+    """A [out_features, in_features] weight as q8_0 blocks, row by row, the last block zero-padded."""
 
     values: torch.Tensor  # int8 [N, padded]
     scales: torch.Tensor  # float16 [N, padded / BLOCK]: each block's absmax / 127
@@ -66,7 +77,7 @@ class Int8Weights:
 def quantize_q8_0(weight: torch.Tensor) -> Int8Weights:
     """As llama.cpp's quantize_row_q8_0: per block d = absmax / 127 (kept as float16), q = round(w / d)."""
     rows, in_features = weight.shape
-    padded = -(-in_features // ROW_ALIGNMENT) * ROW_ALIGNMENT
+    padded = -(-in_features // BLOCK) * BLOCK
     blocks = F.pad(weight.float(), (0, padded - in_features)).view(rows, -1, BLOCK)
     scale = blocks.abs().amax(dim=-1) / 127
     inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
@@ -79,17 +90,15 @@ class NarrowMatmul:
 
     def __init__(self, kernel: LinearKernel, weight: torch.Tensor, weights: str) -> None:
         self.kernel = kernel
-        self.int8 = quantize_q8_0(weight) if weights == "int8" else None
+        self.int8 = kernel.pack_int8(quantize_q8_0(weight)) if weights == "int8" else None
         self.bfloat16 = kernel.pack_bfloat16(weight) if self.int8 is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
-        if self.bfloat16 is not None:
-            return self.kernel.bfloat16_weights(x, self.bfloat16)
-        assert self.int8 is not None
-        if x.shape[0] > MAX_INT8_KERNEL_ROWS:
-            return F.linear(x, self.int8.widened(x.dtype))
-        return self.kernel.int8_weights(x, self.int8)
+        if self.int8 is not None:
+            return self.kernel.int8_weights(x, self.int8)
+        assert self.bfloat16 is not None
+        return self.kernel.bfloat16_weights(x, self.bfloat16)
 
     @property
     def nbytes(self) -> int:
@@ -103,7 +112,7 @@ class LinearKernel:
         self._functions: dict[tuple[str, torch.dtype], Callable[..., None]] = {}
         for weights, argtypes in (
             ("bf16", [_P, _I, _I, _P, _I, _P, _THREADS]),
-            ("int8", [_P, _I, _I, _P, _P, _I, _I, _P, _THREADS]),
+            ("int8", [_P, _I, _I, _P, _P, _I, _P, _THREADS]),
         ):
             for dtype, suffix in _ACTIVATIONS.items():
                 function = getattr(library, f"linear_{weights}_{suffix}")
@@ -115,6 +124,10 @@ class LinearKernel:
         self._packed_elements.restype, self._packed_elements.argtypes = ctypes.c_int64, [_I, _I]
         self._pack = library.bf16_pack
         self._pack.restype, self._pack.argtypes = None, [_P, _I, _I, _P]
+        self._int8_outputs = library.int8_packed_outputs
+        self._int8_outputs.restype, self._int8_outputs.argtypes = ctypes.c_int64, [_I]
+        self._pack_int8 = library.int8_pack
+        self._pack_int8.restype, self._pack_int8.argtypes = None, [_P, _P, _I, _I, _P, _P]
 
     def pack_bfloat16(self, weight: torch.Tensor) -> PackedBfloat16:
         """`weight` [N, K] rounded to bfloat16 and laid out as the kernel reads it."""
@@ -126,7 +139,7 @@ class LinearKernel:
 
     def bfloat16_weights(self, x: torch.Tensor, weight: PackedBfloat16) -> torch.Tensor:
         """x @ W^T for float32 or bfloat16 rows x and a packed bfloat16 weight W."""
-        _check(x, weight.in_features, True)
+        _check(x, weight.in_features)
         y = x.new_empty(x.shape[0], weight.out_features)
         self._functions[("bf16", x.dtype)](
             x.data_ptr(), x.shape[0], x.shape[1], weight.packed.data_ptr(), weight.out_features, y.data_ptr(),
@@ -134,21 +147,30 @@ class LinearKernel:
         )  # fmt: skip
         return y
 
-    def int8_weights(self, x: torch.Tensor, weight: Int8Weights) -> torch.Tensor:
-        """x @ W^T for the weight the blocks stand for, x quantized to q8_0 blocks likewise."""
-        _check(x, weight.in_features, weight.values.is_contiguous() and weight.scales.is_contiguous())
+    def pack_int8(self, weight: Int8Weights) -> PackedInt8:
+        """q8_0 rows laid out as the kernel reads them."""
         rows, padded = weight.values.shape
-        y = x.new_empty(x.shape[0], rows)
+        outputs = self._int8_outputs(rows)
+        values = weight.values.new_empty(outputs * padded)
+        scales = weight.scales.new_empty(outputs * (padded // BLOCK))
+        self._pack_int8(
+            weight.values.data_ptr(), weight.scales.data_ptr(), rows, padded // BLOCK, values.data_ptr(),
+            scales.data_ptr(),
+        )  # fmt: skip
+        return PackedInt8(values, scales, rows, weight.in_features)
+
+    def int8_weights(self, x: torch.Tensor, weight: PackedInt8) -> torch.Tensor:
+        """x @ W^T for the weight the blocks stand for, x quantized to q8_0 blocks likewise."""
+        _check(x, weight.in_features)
+        y = x.new_empty(x.shape[0], weight.out_features)
         self._functions[("int8", x.dtype)](
-            x.data_ptr(), x.shape[0], x.shape[1], weight.values.data_ptr(), weight.scales.data_ptr(), padded, rows,
-            y.data_ptr(), _threads(),
+            x.data_ptr(), x.shape[0], x.shape[1], weight.values.data_ptr(), weight.scales.data_ptr(),
+            weight.out_features, y.data_ptr(), _threads(),
         )  # fmt: skip
         return y
 
 
-def _check(x: torch.Tensor, in_features: int, weight_contiguous: bool) -> None:
-    if not weight_contiguous:
-        raise ValueError("the weight must be contiguous")
+def _check(x: torch.Tensor, in_features: int) -> None:
     if x.dim() != 2 or not x.is_contiguous() or x.shape[1] != in_features or x.dtype not in _ACTIVATIONS:
         raise ValueError(f"expected contiguous [T, {in_features}] float32 or bfloat16 rows, got {x.dtype} {x.shape}")
 

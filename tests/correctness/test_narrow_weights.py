@@ -50,19 +50,6 @@ def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march,
     assert [o.outputs[0].token_ids for o in outputs] == [greedy(hf_bfloat16_weights, p) for p in prompts]
 
 
-def test_int8_weights_keep_the_first_token_and_logprobs_near_float32(hf_model):
-    llm = LLM(dtype="float32", weights="int8", num_pages=256)
-    prompts = [llm.chat_prompt_ids(conv) for conv in CHAT_PROMPTS]
-    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
-    for prompt, output in zip(prompts, llm.generate(prompts, params, use_tqdm=False), strict=True):
-        with torch.inference_mode():
-            reference = hf_model(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
-        entry = output.outputs[0].logprobs[0]
-        assert entry.token_id == int(reference.argmax())
-        for token_id, logprob in entry.top.items():
-            assert logprob == pytest.approx(reference[token_id].item(), abs=0.25)
-
-
 def test_auto_holds_bfloat16_weights_only_where_float32_compute_was_chosen_for_the_cpu():
     assert resolve_weights("auto", "auto", torch.float32, "cpu") == "bfloat16"
     assert resolve_weights("auto", "float32", torch.float32, "cpu") == "float32"  # asked for: exact

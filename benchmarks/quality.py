@@ -72,8 +72,17 @@ def reference_logprobs(token_ids: list[int], adapter: str | None = None) -> torc
     return logits.float().log_softmax(-1)
 
 
-def compare(ours: torch.Tensor, reference: torch.Tensor, token_ids: list[int]) -> Quality:
-    targets = torch.tensor(token_ids[1:]).unsqueeze(1)
+def scored_windows(token_ids: list[int], window: int | None) -> list[tuple[list[int], int]]:
+    """The sequences run and the first position scored in each: the whole text from its second
+    token, or (as llama-perplexity scores) windows of `window` tokens, each on its second half."""
+    if window is None:
+        return [(token_ids, 1)]
+    return [(token_ids[start : start + window], window // 2) for start in range(0, len(token_ids) - window + 1, window)]
+
+
+def compare(ours: torch.Tensor, reference: torch.Tensor, next_tokens: list[int]) -> Quality:
+    """Quality of `ours` against `reference`, [N, vocab] log-probabilities of the N `next_tokens`."""
+    targets = torch.tensor(next_tokens).unsqueeze(1)
     kl = (reference.exp() * (reference - ours)).sum(-1)
     return Quality(
         mean_kl=max(0.0, float(kl.mean())),  # float error can take a zero KL a hair below
@@ -84,27 +93,32 @@ def compare(ours: torch.Tensor, reference: torch.Tensor, token_ids: list[int]) -
 
 
 def measure(
-    dtype: str, weights: str, adapters: list[str | None], limit: int | None = None
+    dtype: str, weights: str, adapters: list[str | None], limit: int | None = None, window: int | None = None
 ) -> tuple[dict[str | None, Quality], int]:
     """Quality of one compute:weights mode for the base model (None) and each adapter named, and the
-    number of tokens of the text scored."""
+    number of positions scored."""
     llm = LLM(dtype=dtype, weights=weights, max_loras=len(adapters), max_lora_rank=16, prefix_caching=False)
     for adapter in adapters:
         if adapter is not None:
             llm.add_adapter(adapter, SAMPLE_ADAPTERS / adapter)
-    token_ids = text_token_ids(llm, limit)
-    qualities = {
-        adapter: compare(
-            teacher_forced_logprobs(llm, token_ids, adapter), reference_logprobs(token_ids, adapter), token_ids
-        )
-        for adapter in adapters
-    }
-    return qualities, len(token_ids)
+    windows = scored_windows(text_token_ids(llm, limit), window)
+    next_tokens = [token for sequence, first in windows for token in sequence[first:]]
+    qualities = {}
+    for adapter in adapters:
+        ours = [teacher_forced_logprobs(llm, sequence, adapter)[first - 1 :] for sequence, first in windows]
+        reference = [reference_logprobs(sequence, adapter)[first - 1 :] for sequence, first in windows]
+        qualities[adapter] = compare(torch.cat(ours), torch.cat(reference), next_tokens)
+    return qualities, len(next_tokens)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", nargs="+", default=None, help="compute:weights pairs (default: all this CPU runs)")
+    parser.add_argument(
+        "--window", type=int, default=None,
+        help="score as `llama-perplexity -c WINDOW` does: windows of this many tokens, each on its second half "
+        "(default: the whole text as one sequence, every position)",
+    )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
     modes = args.modes or ["float32:float32", "float32:bfloat16", "float32:int8"]
@@ -115,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, scored = [], 0
     for mode in modes:
         dtype, weights = mode.split(":")
-        qualities, scored = measure(dtype, weights, adapters, limit)
+        qualities, scored = measure(dtype, weights, adapters, limit, args.window)
         for adapter, quality in qualities.items():
             row = (
                 f"| {dtype} | {weights} | {adapter or 'base'} | {quality.mean_kl:.5f} | {100 * quality.same_top:.1f} "
@@ -125,12 +139,15 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
     body = "\n".join(
         [
-            "## Quality of the weights modes (teacher-forced)",
+            "## Quality of the weights modes (teacher-forced"
+            + ("" if args.window is None else f", windows of {args.window} as llama-perplexity scores")
+            + ")",
             "",
             f"Command: `loraserve bench quality {' '.join(argv or [])}`. Machine: {machine_description()}.",
             "",
-            f"Text: `benchmarks/data/quality_text.txt` ({scored} tokens of public-domain prose and chat, see "
-            "benchmarks/data/README.md), every position scored. Reference: "
+            "Text: `benchmarks/data/quality_text.txt` (public-domain prose and chat, see benchmarks/data/README.md), "
+            + ("as one sequence" if args.window is None else f"in windows of {args.window} tokens")
+            + f", {scored} positions scored. Reference: "
             "float32 transformers, with peft for an adapter. KL: mean KL(reference || loraserve) in nats a token.",
             "",
             "| compute | weights | adapter | mean KL | same top token % | perplexity | reference perplexity |",
@@ -139,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     if not args.quick:
-        write_section(args.output, "bench-quality", body)
+        write_section(args.output, "bench-quality" if args.window is None else f"bench-quality-{args.window}", body)
     print(body)
 
 

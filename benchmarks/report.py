@@ -25,12 +25,34 @@ def machine_description(device: str = "cpu") -> str:
         )
     bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
     threads = torch.get_num_threads()
-    return f"{_cpu_name()}, {os.cpu_count()} cores ({bf16}), torch {torch.__version__}, {threads} threads"
+    return f"{_cpu_name()}, {os.cpu_count()} cores ({cpu_isa()}; {bf16}), torch {torch.__version__}, {threads} threads"
+
+
+_ISA_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16", "avx512_vnni": "AVX512-VNNI",
+              "avx_vnni": "AVX-VNNI", "amx_bf16": "AMX"}  # fmt: skip
+
+
+def cpu_isa() -> str:
+    """The vector extensions the kernels can use here, e.g. 'AVX2' or 'AVX-512, AVX512-BF16, AVX512-VNNI, AMX'."""
+    flags = set(_cpu_fields().get("flags", "").split())
+    found = [name for flag, name in _ISA_FLAGS.items() if flag in flags]
+    if "AVX-512" in found:
+        found.remove("AVX2")
+    return ", ".join(found) or platform.machine()
 
 
 def _cpu_name() -> str:
     """The CPU's model name with its family and model numbers: VMs that all call themselves
     "AMD EPYC" differ by generation (family 25 model 17 is a Zen 4, family 26 a Zen 5)."""
+    fields = _cpu_fields()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
+def _cpu_fields() -> dict[str, str]:
+    """The first CPU's /proc/cpuinfo fields (none where there is no such file)."""
     fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -38,10 +60,7 @@ def _cpu_name() -> str:
             fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']}, model {fields['model']})"
-    return name
+    return fields
 
 
 def write_section(path: Path, name: str, body: str) -> None:

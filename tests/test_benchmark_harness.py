@@ -98,3 +98,10 @@ def test_routing_simulation_serves_every_request_and_affinity_loads_fewer_adapte
         assert outcome.loads_per_1000 >= 1000 * distinct / len(requests), "each adapter is loaded at least once"
         assert outcome.queue_p99 <= outcome.wait_p99 and outcome.imbalance >= 1
     assert outcomes["affinity + p2c"].loads_per_1000 < 0.75 * outcomes["random"].loads_per_1000
+
+
+@pytest.mark.slow
+def test_weights_benchmark_reports_the_floor_and_tok_s_per_mode(tmp_path):
+    stdout = run_module("benchmarks.weights", "--quick", "--modes", "float32:int8", "--output", str(tmp_path / "o.md"))
+    assert "Streaming read:" in stdout and "| float32 | int8 | 14" in stdout  # ~143 MB of int8 weights
+    assert not (tmp_path / "o.md").exists()

@@ -69,10 +69,6 @@ class Int8Weights:
         blocks = self.values.view(rows, -1, BLOCK).float() * self.scales.float().unsqueeze(-1)
         return blocks.view(rows, -1)[:, : self.in_features].to(dtype)
 
-    @property
-    def nbytes(self) -> int:
-        return self.values.nbytes + self.scales.nbytes
-
 
 def quantize_q8_0(weight: torch.Tensor) -> Int8Weights:
     """As llama.cpp's quantize_row_q8_0: per block d = absmax / 127 (kept as float16), q = round(w / d)."""

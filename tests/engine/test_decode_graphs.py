@@ -40,7 +40,9 @@ def test_decode_steps_over_static_buffers_give_the_eager_engines_tokens(make_llm
             llm.add_adapter(name, SAMPLES / name)
     prompts = [eager.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[:5]]
     adapters = [*ADAPTERS, None, "pirate"]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=3, ignore_eos=True
+    )  # two decode steps: enough, and slow on a CPU
     expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params, adapters=adapters, use_tqdm=False)]
     got = [o.outputs[0].token_ids for o in static.generate(prompts, params, adapters=adapters, use_tqdm=False)]
     assert got == expected

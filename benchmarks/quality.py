@@ -97,17 +97,22 @@ def measure(
 ) -> tuple[dict[str | None, Quality], int]:
     """Quality of one compute:weights mode for the base model (None) and each adapter named, and the
     number of positions scored."""
-    llm = LLM(dtype=dtype, weights=weights, max_loras=len(adapters), max_lora_rank=16, prefix_caching=False)
+    llm = LLM(
+        dtype=dtype, weights=weights, max_loras=len(adapters), max_lora_rank=16, prefix_caching=False, num_pages=512
+    )  # 512 pages hold the text and the adapters; the default pool would take 2 GiB
     for adapter in adapters:
         if adapter is not None:
             llm.add_adapter(adapter, SAMPLE_ADAPTERS / adapter)
     windows = scored_windows(text_token_ids(llm, limit), window)
     next_tokens = [token for sequence, first in windows for token in sequence[first:]]
     qualities = {}
-    for adapter in adapters:
-        ours = [teacher_forced_logprobs(llm, sequence, adapter)[first - 1 :] for sequence, first in windows]
-        reference = [reference_logprobs(sequence, adapter)[first - 1 :] for sequence, first in windows]
-        qualities[adapter] = compare(torch.cat(ours), torch.cat(reference), next_tokens)
+    try:
+        for adapter in adapters:
+            ours = [teacher_forced_logprobs(llm, sequence, adapter)[first - 1 :] for sequence, first in windows]
+            reference = [reference_logprobs(sequence, adapter)[first - 1 :] for sequence, first in windows]
+            qualities[adapter] = compare(torch.cat(ours), torch.cat(reference), next_tokens)
+    finally:
+        llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
     return qualities, len(next_tokens)
 
 

@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             row += f"| {one_adapter:.1f} | {mixed:.0f} |"
             print(row, flush=True)
             rows.append(row)
+            llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
             del llm, loaded
     body = "\n".join(
         [

@@ -47,6 +47,7 @@ def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march,
     assert isinstance(narrow, NarrowMatmul) and (march == "native" or narrow.kernel.int8_path == "avx2")
     prompts = [llm.chat_prompt_ids(conv) for conv in CHAT_PROMPTS]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    llm.engine.close()
     assert [o.outputs[0].token_ids for o in outputs] == [greedy(hf_bfloat16_weights, p) for p in prompts]
 
 

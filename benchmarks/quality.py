@@ -58,8 +58,9 @@ def teacher_forced_logprobs(llm: LLM, token_ids: list[int], adapter: str | None 
         return model.lm_head(rows.contiguous()).float().log_softmax(-1)
 
 
-def reference_logprobs(token_ids: list[int], adapter: str | None = None) -> torch.Tensor:
-    """float32 transformers' (and peft's, for an adapter) log-probabilities, [T - 1, vocab]."""
+def reference_logprobs(sequences: list[list[int]], adapter: str | None = None) -> list[torch.Tensor]:
+    """float32 transformers' (and peft's, for an adapter) log-probabilities, [T - 1, vocab] for each
+    sequence, from one load of the model."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(default_model_dir(default_cache_dir()), dtype=torch.float32)
@@ -67,9 +68,9 @@ def reference_logprobs(token_ids: list[int], adapter: str | None = None) -> torc
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, SAMPLE_ADAPTERS / adapter)
+    model.eval()
     with torch.inference_mode():
-        logits = model.eval()(torch.tensor([token_ids])).logits[0, :-1]
-    return logits.float().log_softmax(-1)
+        return [model(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1) for ids in sequences]
 
 
 def scored_windows(token_ids: list[int], window: int | None) -> list[tuple[list[int], int]]:
@@ -109,7 +110,8 @@ def measure(
     try:
         for adapter in adapters:
             ours = [teacher_forced_logprobs(llm, sequence, adapter)[first - 1 :] for sequence, first in windows]
-            reference = [reference_logprobs(sequence, adapter)[first - 1 :] for sequence, first in windows]
+            whole = reference_logprobs([sequence for sequence, _ in windows], adapter)
+            reference = [logprobs[first - 1 :] for logprobs, (_, first) in zip(whole, windows, strict=True)]
             qualities[adapter] = compare(torch.cat(ours), torch.cat(reference), next_tokens)
     finally:
         llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive

@@ -93,12 +93,12 @@ def main(argv: list[str] | None = None) -> None:
             names = [f"adapter-{i}" for i in range(len(adapter_dirs))]
             for name, path in zip(names, adapter_dirs, strict=True):
                 llm.add_adapter(name, path)
-            floor = bandwidth * 1e9 / weight_bytes(loaded)
+            megabytes = weight_bytes(loaded) / 1e6
+            floor = bandwidth * 1e3 / megabytes
             one = tokens_per_second(llm, [PROMPT], None, tokens, repeats)
             one_adapter = tokens_per_second(llm, [PROMPT], names[:1], tokens, repeats)
             prompts = [f"{PROMPT} ({i})" for i in range(32)]
             mixed = tokens_per_second(llm, prompts, [names[i % len(names)] for i in range(32)], tokens, repeats)
-            megabytes = weight_bytes(loaded) / 1e6
             row = f"| {dtype} | {weights} | {megabytes:.0f} | {floor:.0f} | {one:.1f} ({one / floor:.2f}) "
             row += f"| {one_adapter:.1f} | {mixed:.0f} |"
             print(row, flush=True)

@@ -4,10 +4,12 @@
 #
 #   bash benchmarks/gpu_session.sh SOURCE_DIR OUT_DIR [STAGE...]
 #
-# STAGE: tests, decode, profile, kernels, sweep, engine (default: all, in that order); the random-weight
-# models they need are made first, once per machine. A lease's command runs at most 10 minutes,
-# so a session runs the stages over two calls on the warm machine, for example `tests decode`
-# then `kernels sweep engine`.
+# STAGE: sweep, tests, decode, profile, kernels, engine (default: all, in that order); the random-weight
+# models they need are made first, once per machine. `sweep` times the LoRA kernels' launch shapes,
+# keeps the best for this GPU (sgmv_kernels/tuned/, copied to OUT_DIR to be committed) and writes
+# the kernel table with them, so the stages after it launch with them. A lease's command runs at
+# most 10 minutes, so a session runs the stages over two calls on the warm machine, for example
+# `sweep tests decode` then `profile engine`.
 # SOURCE_DIR: the default model's config.json and tokenizer files (its 94 MB of weights need not
 # travel: random weights of its shapes are made there). OUT_DIR gets versions.txt, one log per
 # stage and benchmarks.md (the sections to merge into docs/benchmarks.md).
@@ -15,7 +17,7 @@ set -u
 SOURCE=$1
 OUT=$2
 shift 2
-STAGES=${*:-tests decode profile kernels sweep engine}
+STAGES=${*:-sweep tests decode profile kernels engine}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 PY=${PYTHON:-python3}
@@ -41,17 +43,18 @@ cat "$OUT/versions.txt"
     $PY -m benchmarks.random_model '$SOURCE' $LLAMA8B --shapes llama3-8b"
 for name in $STAGES; do
     case $name in
-    tests) stage tests 150 env LORASERVE_TEST_MODEL=$SMOLLM2 $PY -m pytest -m gpu -q -p no:cacheprovider \
+    tests) stage tests 120 env LORASERVE_TEST_MODEL=$SMOLLM2 $PY -m pytest -m gpu -q -p no:cacheprovider \
         tests/kernels tests/correctness/test_cuda.py ;;
-    decode) stage decode-llama8b 240 $PY -m benchmarks.bench_gpu --model $LLAMA8B --random-weights \
+    decode) stage decode-llama8b 220 $PY -m benchmarks.bench_gpu --model $LLAMA8B --random-weights \
         --output "$OUT/benchmarks.md" ;;
     profile) stage profile-llama8b 240 $PY -m benchmarks.profile_lora_step --model $LLAMA8B --random-weights \
         --device cuda --dtype bfloat16 --pool-gib 8 --output "$OUT/benchmarks.md" ;;
     kernels) stage kernels 120 $PY -m benchmarks.bench_kernels --output "$OUT/benchmarks.md" ;;
-    sweep) stage sweep 150 $PY -m benchmarks.bench_kernels --sweep ;;
+    sweep) stage sweep 190 $PY -m benchmarks.bench_kernels --sweep --write-tuned --output "$OUT/benchmarks.md"
+        cp sgmv_kernels/tuned/*.json "$OUT/" ;;
     engine) stage engine-llama8b 110 $PY -m benchmarks.bench_engine --model $LLAMA8B --random-weights \
         --device cuda --dtypes bfloat16 --batch-sizes 1 8 64 --repeats 1 --min-output 32 --max-output 64 \
         --output "$OUT/benchmarks.md" ;;
-    *) echo "unknown stage $name (tests, decode, profile, kernels, sweep, engine)" >&2 ;;
+    *) echo "unknown stage $name (sweep, tests, decode, profile, kernels, engine)" >&2 ;;
     esac
 done

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from sgmv_kernels.checks import check_expand
+from sgmv_kernels.launch import shapes_for
 from sgmv_kernels.layout import gather_rows
 from sgmv_kernels.shrink import row_programs, row_segments
 
@@ -68,7 +69,7 @@ def _expand_kernel(
     partials_ptr, pool_ptr, b_rows_ptr, out_ptr, ranks_ptr, scales_ptr, indptr_ptr, slots_ptr,
     out_features, start_1, start_2, num_splits, num_m_programs, stride_split, stride_proj_y, stride_y,
     stride_rows, stride_proj_rows, stride_proj_ranks, stride_out,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_ALIGNMENT: tl.constexpr,
 ):  # fmt: skip
     # grid: (num_segments * num_m_programs, cdiv(H_out, BLOCK_N)), a segment's row blocks dealt
     # round-robin over its num_m_programs programs. Up to three projections side by side in out
@@ -102,7 +103,7 @@ def _expand_kernel(
                 y_tile = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
                 for split in range(num_splits):
                     y_tile += tl.load(y_tiles + split * stride_split, mask=y_mask, other=0.0)
-                b_offsets = tl.load(b_rows_ptr + k, mask=k < rank, other=0)
+                b_offsets = tl.multiple_of(tl.load(b_rows_ptr + k, mask=k < rank, other=0), ROW_ALIGNMENT)
                 b_tile = tl.load(
                     pool_ptr + b_offsets[:, None] + columns[None, :],
                     mask=(k[:, None] < rank) & (offs_n[None, :] < end), other=0.0,
@@ -115,17 +116,19 @@ def _expand_kernel(
 
 
 BLOCK_M, BLOCK_K = 16, 16  # a tensor-core tile of rows; rank in steps of 16
-GROUP_COLUMN_BLOCKS = (256, 128, 64)  # a fused group's widths must be multiples of the last
-SINGLE_COLUMN_BLOCK = 256
-NUM_WARPS = 4
+NARROWEST_COLUMN_BLOCK = 64  # a fused group's widths must be multiples of it
 
 
-def column_block(widths: list[int]) -> int | None:
-    """Columns per program: within one projection (a group's widths are multiples of it), as wide
-    as the widths allow; None when a group cannot share a launch (run its projections one by one)."""
+def column_block(widths: list[int], widest: int = 256) -> int | None:
+    """Columns per program, at most `widest` (a power of two): within one projection (a group's
+    widths are multiples of it), as wide as the widths allow; None when a group cannot share a
+    launch (run its projections one by one)."""
     if len(widths) == 1:
-        return SINGLE_COLUMN_BLOCK
-    return next((block for block in GROUP_COLUMN_BLOCKS if all(width % block == 0 for width in widths)), None)
+        return widest
+    block = widest
+    while block >= NARROWEST_COLUMN_BLOCK and any(width % block for width in widths):
+        block //= 2
+    return block if block >= NARROWEST_COLUMN_BLOCK else None
 
 
 def sgmv_expand_group(
@@ -139,15 +142,18 @@ def sgmv_expand_group(
     out: torch.Tensor,
     widths: list[int],
     max_segment_len: int | None = None,
+    row_alignment: int = 1,
 ) -> None:
     """The expand of up to 3 projections whose outputs lie side by side in out [T, sum(widths)], in
     one launch: partials [splits, P, T, max_rank] from `sgmv_shrink_group`, b_rows [P, num_slots,
-    max_rank], ranks and scales [P, num_slots]. `max_segment_len` as for the shrink."""
-    block_n = column_block(widths)
+    max_rank], ranks and scales [P, num_slots]. `max_segment_len` and `row_alignment` (of b_rows)
+    as for the shrink."""
+    shape = shapes_for(out.device).expand
+    block_n = column_block(widths, shape.column_block)
     if not (len(widths) <= 3 and sum(widths) == out.shape[1] and ranks.stride(0) == scales.stride(0)):
         raise ValueError("up to 3 projections filling out, ranks and scales laid out alike")
     if block_n is None:
-        raise ValueError(f"a group's widths must be multiples of {GROUP_COLUMN_BLOCKS[-1]}, got {widths}")
+        raise ValueError(f"a group's widths must be multiples of {NARROWEST_COLUMN_BLOCK}, got {widths}")
     column = 0
     for p, width in enumerate(widths):
         y = partials[0, p]
@@ -163,7 +169,8 @@ def sgmv_expand_group(
         out.shape[1], start_1, start_2, partials.shape[0], m_programs,
         partials.stride(0), partials.stride(1), partials.stride(2),
         b_rows.stride(1), b_rows.stride(0), ranks.stride(0), out.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, ROW_ALIGNMENT=row_alignment,
+        num_warps=shape.num_warps,
     )  # fmt: skip
 
 

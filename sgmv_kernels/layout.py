@@ -30,6 +30,18 @@ class PooledLora:
     scales: torch.Tensor  # [num_slots] float32
 
 
+MAX_ROW_ALIGNMENT = 16  # elements; beyond it a GPU's widest load gains nothing
+
+
+def row_alignment(*offsets: int) -> int:
+    """The largest power of two (at most MAX_ROW_ALIGNMENT) that divides every offset: what the
+    CUDA kernels may assume of where rows start, so they load rows in wide vectors."""
+    alignment = MAX_ROW_ALIGNMENT
+    while any(offset % alignment for offset in offsets):
+        alignment //= 2
+    return alignment
+
+
 def gather_rows(pool: torch.Tensor, offsets: torch.Tensor, width: int) -> torch.Tensor:
     """[*offsets.shape, width]: row i is pool[offsets[i] : offsets[i] + width], copied."""
     # A sliding-window view: its row o starts at element o, so one index_select gathers any rows.

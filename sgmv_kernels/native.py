@@ -63,6 +63,7 @@ class ProjectionGroup:
     widths: torch.Tensor  # [projections] int64 output columns of each
     in_features: int
     out_features: int  # the sum of widths
+    row_alignment: int = 1  # every row offset is a multiple of it (layout.row_alignment)
 
 
 class LoraKernel:

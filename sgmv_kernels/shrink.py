@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from sgmv_kernels.checks import check_shrink
+from sgmv_kernels.launch import shapes_for
 from sgmv_kernels.layout import gather_rows
 
 
@@ -77,6 +78,7 @@ def _shrink_kernel(
     hidden, k_per_split, num_n_blocks, num_m_programs, stride_x, stride_rows, stride_proj_rows, stride_proj_ranks,
     stride_split, stride_proj_out, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TENSOR_CORES: tl.constexpr,
+    ROW_ALIGNMENT: tl.constexpr,
 ):  # fmt: skip
     # grid: (num_segments * num_m_programs, projections * cdiv(max_rank, BLOCK_N), split_k); a
     # segment's row blocks are dealt round-robin over its num_m_programs programs. A program reads its
@@ -97,6 +99,7 @@ def _shrink_kernel(
         offs_n = n_start + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         a_offsets = tl.load(a_rows_ptr + slot * stride_rows + offs_n, mask=offs_n < rank, other=0)
+        a_offsets = tl.multiple_of(a_offsets, ROW_ALIGNMENT)  # lets rows load in wide vectors
         a_cols = pool_ptr + a_offsets[None, :]  # A^T tile: [BLOCK_K, BLOCK_N], a column per rank row
         out_ptr = partials_ptr + split * stride_split + projection * stride_proj_out
         k_begin = split * k_per_split
@@ -118,13 +121,13 @@ def _shrink_kernel(
             )
 
 
-def _split_k(hidden: int, programs: int, block_k: int, device: torch.device) -> tuple[int, int]:
-    """(splits, K per split): enough programs for about SPLIT_WAVES waves over the GPU's SMs.
+def _split_k(hidden: int, programs: int, block_k: int, waves: int, device: torch.device) -> tuple[int, int]:
+    """(splits, K per split): enough programs for about `waves` waves over the GPU's SMs.
 
     Each split sums its own K range into its own partial, added up afterwards in a fixed
     order: the result does not depend on scheduling, unlike atomic adds.
     """
-    target = SPLIT_WAVES * _num_sms(device)
+    target = waves * _num_sms(device)
     splits = max(1, min(-(-target // max(programs, 1)), triton.cdiv(hidden, block_k)))
     k_per_split = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
     return triton.cdiv(hidden, k_per_split), k_per_split
@@ -136,11 +139,9 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-# Launch shape: a row block of 16 (a tensor-core tile; decode segments are a few rows), a
-# rank block of 16, K in steps of BLOCK_K; split K until about SPLIT_WAVES programs per SM.
-# (benchmarks/bench_kernels.py --sweep times the alternatives.)
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 16, 64
-SPLIT_WAVES, NUM_WARPS = 4, 2
+# A row block of 16 (a tensor-core tile; decode segments are a few rows) and a rank block of 16;
+# K's step, its splits, warps and pipelining are the device's ShrinkShape (launch.py).
+BLOCK_M, BLOCK_N = 16, 16
 
 
 def sgmv_shrink_group(
@@ -152,19 +153,22 @@ def sgmv_shrink_group(
     seg_slots: torch.Tensor,
     max_segment_len: int | None = None,
     zeroed: bool = False,
+    row_alignment: int = 1,
 ) -> torch.Tensor:
     """The shrink of P projections that share x, in one launch: a_rows [P, num_slots, max_rank],
     ranks [P, num_slots] -> partials [splits, P, T, max_rank] float32, which `sgmv_expand_group`
     sums as it reads them (no launch of its own). Entries past a row's rank and rows without an
     adapter are left unwritten unless `zeroed`. `max_segment_len` (rows of the longest segment)
     spreads a prompt's rows over programs; None (a CUDA graph's fixed grid) gives each segment
-    one program that loops over its rows, which suits decode's short segments."""
+    one program that loops over its rows, which suits decode's short segments. `row_alignment`:
+    a promise that every offset in a_rows is a multiple of it (layout.row_alignment)."""
     for p in range(a_rows.shape[0]):
         check_shrink(x, pool, a_rows[p], ranks[p], seg_slots, seg_indptr)
     num_projections, _, max_rank = a_rows.shape
     n_blocks, m_programs = triton.cdiv(max_rank, BLOCK_N), row_programs(max_segment_len, BLOCK_M)
     programs = seg_slots.numel() * m_programs * num_projections * n_blocks
-    splits, k_per_split = _split_k(x.shape[1], programs, BLOCK_K, x.device)
+    shape = shapes_for(x.device).shrink
+    splits, k_per_split = _split_k(x.shape[1], programs, shape.block_k, shape.split_waves, x.device)
     allocate = torch.zeros if zeroed else torch.empty
     partials = allocate(splits, num_projections, x.shape[0], max_rank, dtype=torch.float32, device=x.device)
     if x.shape[0] == 0 or programs == 0:
@@ -173,8 +177,9 @@ def sgmv_shrink_group(
         x, pool, a_rows, partials, ranks, seg_indptr, seg_slots,
         x.shape[1], k_per_split, n_blocks, m_programs, x.stride(0), a_rows.stride(1), a_rows.stride(0), ranks.stride(0),
         partials.stride(0), partials.stride(1), partials.stride(2),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        TENSOR_CORES=x.is_cuda and x.dtype != torch.float32, num_warps=NUM_WARPS,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=shape.block_k,
+        TENSOR_CORES=x.is_cuda and x.dtype != torch.float32, ROW_ALIGNMENT=row_alignment,
+        num_warps=shape.num_warps, num_stages=shape.num_stages,
     )  # fmt: skip
     return partials
 

@@ -102,10 +102,13 @@ class TritonLora:
             launches = [(slice(p, p + 1), [width]) for p, width in enumerate(widths)]
         column = 0
         for chosen, launch_widths in launches:
-            partials = sgmv_shrink_group(x, group.pool, group.a_rows[chosen], group.ranks[chosen], *segments, longest)
-            tables = (group.pool, group.b_rows[chosen], group.ranks[chosen], group.scales[chosen])
+            a_tables = (group.pool, group.a_rows[chosen], group.ranks[chosen])
+            partials = sgmv_shrink_group(x, *a_tables, *segments, longest, row_alignment=group.row_alignment)
+            b_tables = (group.pool, group.b_rows[chosen], group.ranks[chosen], group.scales[chosen])
             columns = slice(column, column + sum(launch_widths))
-            sgmv_expand_group(partials, *tables, *segments, out[:, columns], launch_widths, longest)
+            sgmv_expand_group(
+                partials, *b_tables, *segments, out[:, columns], launch_widths, longest, group.row_alignment
+            )
             column = columns.stop
 
 

@@ -24,6 +24,7 @@ from loraserve.lora.stacked import StackedLora
 from loraserve.memory.page_allocator import PageUse
 from loraserve.models.llama import LlamaSpec
 from sgmv_kernels import PooledLora
+from sgmv_kernels.layout import row_alignment
 from sgmv_kernels.native import ProjectionGroup
 
 LayerLora = dict[str, PooledLora]  # projection name -> its weights in every slot
@@ -104,6 +105,9 @@ class AdapterSlots:
         self._generations = [0] * num_slots
         self._stacked: StackedLora | None = None
         self._groups: dict[tuple[int, tuple[str, ...]], ProjectionGroup] = {}
+        # A row starts at a slab's start plus whole rows, or at the zero tail (see pack).
+        widths = [width for shape in self.shapes.values() for width in shape]
+        self.row_alignment = row_alignment(pool.slab_elems, pool.zero_offset, *widths)
 
     def stacked(self, slots: list[int]) -> StackedLora:
         """Dense stacks of these slots' weights (the CPU path), reused while the same adapters run."""
@@ -129,6 +133,7 @@ class AdapterSlots:
                 widths=torch.tensor(widths, dtype=torch.int64),
                 in_features=self.shapes[projections[0]][0],
                 out_features=sum(widths),
+                row_alignment=self.row_alignment,
             )
             self._groups[(layer, projections)] = group
         return group

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -23,6 +25,8 @@ from sgmv_kernels import (
     sgmv_shrink_reference,
 )
 from sgmv_kernels.cpu import bgmv_expand_gathered, bgmv_shrink_gathered
+from sgmv_kernels.launch import ExpandShape, LaunchShapes, ShrinkShape, forced
+from sgmv_kernels.layout import row_alignment
 
 RANKS = [1, 4, 8, 16, 64, 128]  # mixed in every pool
 MAX_RANK = 128
@@ -130,12 +134,33 @@ def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, wi
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("widths", [[576, 192, 192], [1536, 1536], [576]], ids=["qkv", "gate-up", "one"])
 def test_a_projection_group_on_cuda_equals_each_projection_alone(dtype, widths):
-    """Compiled for the GPU: sorted decode rows, a lone row, a base row and a prompt in one launch."""
-    for longest in (None, 40):  # as in a CUDA graph, and spread over programs
-        check_group_launch(dtype, widths, [2, 1, 3, 2, 40], [0, 3, -1, 5, 1], "cuda", longest)
+    """Compiled for the GPU: sorted decode rows, a lone row, a base row and a prompt in one launch,
+    with this GPU's launch shapes and the sweep's extremes."""
+    for shapes in (None, *OTHER_SHAPES):
+        for longest in (None, 40):  # as in a CUDA graph, and spread over programs
+            check_group_launch(dtype, widths, [2, 1, 3, 2, 40], [0, 3, -1, 5, 1], "cuda", longest, shapes)
 
 
-def check_group_launch(dtype, widths, lengths, slots, device, longest):
+# Launch shapes unlike the defaults at both ends of the sweep's grid (benchmarks/bench_kernels.py).
+OTHER_SHAPES = [
+    LaunchShapes(ShrinkShape(block_k=256, split_waves=16, num_warps=4, num_stages=4), ExpandShape(512, 8)),
+    LaunchShapes(ShrinkShape(block_k=128, split_waves=8, num_warps=2, num_stages=2), ExpandShape(128, 2)),
+]
+
+
+@pytest.mark.parametrize("shapes", OTHER_SHAPES, ids=["wide", "narrow"])
+def test_any_launch_shape_computes_the_same(shapes):
+    """A GPU's tuned shapes change how work is cut, never the result."""
+    check_group_launch(torch.float32, [1536, 1536], [2, 1, 3, 20], [0, 3, -1, 5], "cpu", None, shapes)
+    check_group_launch(torch.bfloat16, [576, 192, 192], [2, 1, 3, 20], [0, 3, -1, 5], "cpu", 20, shapes)
+
+
+def check_group_launch(dtype, widths, lengths, slots, device, longest, shapes=None):
+    with forced(shapes) if shapes else contextlib.nullcontext():
+        launch_group(dtype, widths, lengths, slots, device, longest)
+
+
+def launch_group(dtype, widths, lengths, slots, device, longest):
     gen = torch.Generator().manual_seed(sum(widths))
     pooled = [make_pool(6, 576, width, dtype, gen)[0] for width in widths]
     indptr, seg_slots = make_segments(lengths, slots)
@@ -144,12 +169,14 @@ def check_group_launch(dtype, widths, lengths, slots, device, longest):
     expected = out.clone()
     on_device = [t.to(device) for t in (*group_of(pooled), indptr, seg_slots, x, out)]
     pool, a_rows, b_rows, ranks, scales, indptr_d, slots_d, x_d, out_d = on_device
-    partials = sgmv_shrink_group(x_d, pool, a_rows, ranks, indptr_d, slots_d, longest, zeroed=True).cpu()
+    aligned = row_alignment(*a_rows.flatten().tolist(), *b_rows.flatten().tolist())  # what the engine promises
+    partials = sgmv_shrink_group(x_d, pool, a_rows, ranks, indptr_d, slots_d, longest, True, aligned).cpu()
     tolerance = {"atol": TOLERANCE[dtype], "rtol": TOLERANCE[dtype]}
     for p, w in enumerate(pooled):
         want = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
         torch.testing.assert_close(partials[:, p].sum(0), want, **tolerance)
-    sgmv_expand_group(partials.to(device), pool, b_rows, ranks, scales, indptr_d, slots_d, out_d, widths, longest)
+    tables = (pool, b_rows, ranks, scales, indptr_d, slots_d, out_d, widths, longest, aligned)
+    sgmv_expand_group(partials.to(device), *tables)
     column = 0
     for p, (w, width) in enumerate(zip(pooled, widths, strict=True)):
         part = expected[:, column : column + width]
@@ -185,7 +212,7 @@ def test_split_k_partials_sum_to_the_reference(monkeypatch):
     monkeypatch.setattr(shrink, "_num_sms", lambda device: 64)
     gen = torch.Generator().manual_seed(11)
     w, _, _ = make_pool(6, 4096, 576, torch.float32, gen)
-    assert shrink._split_k(4096, 8, 128, torch.device("cpu"))[0] > 1
+    assert shrink._split_k(4096, 8, 128, 4, torch.device("cpu"))[0] > 1
     row_slots = torch.tensor([5, -1, 2], dtype=torch.int32)
     x = torch.randn(3, 4096, generator=gen)
     expected = bgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, row_slots)

@@ -17,6 +17,7 @@ from loraserve.lora.memory_pool import free_device_memory, page_bytes, pool_page
 from loraserve.lora.residency import Residency
 from loraserve.memory.page_allocator import PageUse
 from sgmv_kernels import gather_rows
+from sgmv_kernels.layout import row_alignment
 from tests.engine.helpers import make_sequence
 from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, TINY_SPEC, register_tiny, tiny_adapter, tiny_adapter_manager
 
@@ -58,9 +59,8 @@ def test_rows_land_in_the_reserved_pages_and_unloading_returns_them():
     assert pool.pages.num_free == 8 and pool.pages.num_used(PageUse.ADAPTER) == 0
 
 
-def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
-    # The kernel reads, per layer, q/k/v then o, gate/up, down, each A then B^T: packed in that
-    # order, every call streams one run per adapter instead of hopping between projections.
+def loaded_on_every_projection():
+    """A manager holding one rank-2 adapter of all seven projections; (manager, its slot)."""
     generator = torch.Generator().manual_seed(0)
     weights = {
         (layer, name): LoraWeights(
@@ -70,11 +70,17 @@ def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
         for name, (fan_in, fan_out) in projection_shapes(TINY_SPEC).items()
     }
     adapter = replace(tiny_adapter(0), target_modules=PROJECTIONS, weights=weights)
-    manager = tiny_adapter_manager(num_slots=1, num_pages=64)
+    manager = tiny_adapter_manager(num_slots=2, num_pages=64)
     manager.register("all", AdapterSource(Path("tiny") / "0", None), adapter)
     load(manager, "all")
+    return manager, manager.record("all").slot
+
+
+def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
+    # The kernel reads, per layer, q/k/v then o, gate/up, down, each A then B^T: packed in that
+    # order, every call streams one run per adapter instead of hopping between projections.
+    manager, slot = loaded_on_every_projection()
     slots, pool = manager.slots, manager.slots.pool
-    slot = manager.record("all").slot
     pages = slots.pages_held(slot)
     page_elems = pool.slabs_per_page * pool.slab_elems
 
@@ -89,6 +95,22 @@ def test_an_adapters_rows_lie_in_the_order_the_cpu_kernel_reads_them():
         for offset in table[slot, :2]
     ]
     assert read_order == sorted(read_order)
+
+
+def test_every_row_starts_where_the_alignment_promised_to_the_cuda_kernels_says():
+    # The CUDA kernels load rows in vectors as wide as this promise; a row off it would be misread.
+    manager, _ = loaded_on_every_projection()
+    slots = manager.slots
+    assert slots.row_alignment == 4, "the tiny model's narrowest rows (k/v of one 4-wide head) are 4 elements"
+    offsets = torch.cat([slots.a_rows.flatten(), slots.b_rows.flatten()])  # loaded, free and padding entries
+    assert bool((offsets % slots.row_alignment == 0).all())
+
+
+def test_row_alignment_is_the_largest_power_of_two_dividing_every_offset():
+    assert row_alignment(3072, 576, 192, 1536) == 16, "capped: a wider promise loads nothing wider"
+    assert row_alignment(64, 24) == 8
+    assert row_alignment(64, 12, 6) == 2
+    assert row_alignment(7) == 1
 
 
 def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_way_to_kv():

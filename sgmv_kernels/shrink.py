@@ -154,6 +154,7 @@ def sgmv_shrink_group(
     max_segment_len: int | None = None,
     zeroed: bool = False,
     row_alignment: int = 1,
+    busy_segments: int | None = None,
 ) -> torch.Tensor:
     """The shrink of P projections that share x, in one launch: a_rows [P, num_slots, max_rank],
     ranks [P, num_slots] -> partials [splits, P, T, max_rank] float32, which `sgmv_expand_group`
@@ -161,14 +162,17 @@ def sgmv_shrink_group(
     adapter are left unwritten unless `zeroed`. `max_segment_len` (rows of the longest segment)
     spreads a prompt's rows over programs; None (a CUDA graph's fixed grid) gives each segment
     one program that loops over its rows, which suits decode's short segments. `row_alignment`:
-    a promise that every offset in a_rows is a multiple of it (layout.row_alignment)."""
+    a promise that every offset in a_rows is a multiple of it (layout.row_alignment).
+    `busy_segments`: how many segments hold rows, for sizing the K split, where a CUDA graph's
+    tables have a segment per row of its bucket and most stay empty (default: all of them)."""
     for p in range(a_rows.shape[0]):
         check_shrink(x, pool, a_rows[p], ranks[p], seg_slots, seg_indptr)
     num_projections, _, max_rank = a_rows.shape
     n_blocks, m_programs = triton.cdiv(max_rank, BLOCK_N), row_programs(max_segment_len, BLOCK_M)
     programs = seg_slots.numel() * m_programs * num_projections * n_blocks
+    busy_programs = (busy_segments or seg_slots.numel()) * m_programs * num_projections * n_blocks
     shape = shapes_for(x.device).shrink
-    splits, k_per_split = _split_k(x.shape[1], programs, shape.block_k, shape.split_waves, x.device)
+    splits, k_per_split = _split_k(x.shape[1], busy_programs, shape.block_k, shape.split_waves, x.device)
     allocate = torch.zeros if zeroed else torch.empty
     partials = allocate(splits, num_projections, x.shape[0], max_rank, dtype=torch.float32, device=x.device)
     if x.shape[0] == 0 or programs == 0:

@@ -33,6 +33,11 @@ from loraserve.models.llama import KVCache, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
+# A graph's kernels give each segment one program per column block, which loops over its rows: a
+# longer run of one adapter is cut into segments of this many rows (the kernels' row tile), so
+# 64 rows of one adapter keep four programs busy, not one looping four times.
+SEGMENT_ROWS = 16
+
 
 def batch_buckets(max_rows: int) -> list[int]:
     """1, 2, 4, then every multiple of 8, up to the first bucket >= max_rows."""
@@ -84,7 +89,7 @@ class StaticDecodeInputs:
         columns = (rows.input_ids, rows.positions, rows.slot_blocks, rows.slot_offsets, rows.context_lens)
         for column, values in enumerate(columns):
             host[:n, column] = torch.tensor(values, dtype=torch.long)
-        ends, slots = adapter_runs([1] * n, rows.lora_slots)
+        ends, slots = adapter_runs([1] * n, rows.lora_slots, longest=SEGMENT_ROWS)
         host[:, 5] = n
         host[: len(ends), 5] = torch.tensor(ends, dtype=torch.long)
         host[:, 6] = NO_ADAPTER
@@ -173,7 +178,8 @@ class DecodeGraphs:
         lora = None
         if with_lora:
             bounds, slots = inputs.segment_bounds[: bucket + 1], inputs.segment_slots[:bucket]
-            lora = LoraBatch(self.adapter_slots, bounds, slots, TritonLora())
+            busy = min(bucket, self.adapter_slots.num_slots)  # segments: about one per adapter running
+            lora = LoraBatch(self.adapter_slots, bounds, slots, TritonLora(), busy_segments=busy)
         return self.model(inputs.input_ids[:bucket], inputs.positions[:bucket], metadata, self.kv_caches, lora)
 
     def _capture_one(self, bucket: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -103,12 +103,11 @@ class TritonLora:
         column = 0
         for chosen, launch_widths in launches:
             a_tables = (group.pool, group.a_rows[chosen], group.ranks[chosen])
-            partials = sgmv_shrink_group(x, *a_tables, *segments, longest, row_alignment=group.row_alignment)
+            alignment, busy = group.row_alignment, batch.busy_segments
+            partials = sgmv_shrink_group(x, *a_tables, *segments, longest, row_alignment=alignment, busy_segments=busy)
             b_tables = (group.pool, group.b_rows[chosen], group.ranks[chosen], group.scales[chosen])
             columns = slice(column, column + sum(launch_widths))
-            sgmv_expand_group(
-                partials, *b_tables, *segments, out[:, columns], launch_widths, longest, group.row_alignment
-            )
+            sgmv_expand_group(partials, *b_tables, *segments, out[:, columns], launch_widths, longest, alignment)
             column = columns.stop
 
 

@@ -30,6 +30,8 @@ class LoraBatch:
     # Rows of the longest segment: the kernels spread a prompt's rows over programs. None (the
     # CUDA graphs' fixed grid): a program per segment loops over its rows.
     max_segment_len: int | None = None
+    # Segments that hold rows, where the tables have more (a CUDA graph's): sizes the kernels' K split.
+    busy_segments: int | None = None
 
     @classmethod
     def build(
@@ -55,12 +57,21 @@ class LoraBatch:
         self.backend.add(self, layer, projections, x, out)
 
 
-def adapter_runs(lengths: list[int], slot_ids: list[int]) -> tuple[list[int], list[int]]:
-    """Consecutive sequences of one slot merged: (each run's end row, its slot).
-    Example: lengths [1, 1, 1, 3], slots [2, 2, -1, 2] -> ([2, 3, 6], [2, -1, 2])."""
+def adapter_runs(lengths: list[int], slot_ids: list[int], longest: int | None = None) -> tuple[list[int], list[int]]:
+    """Consecutive sequences of one slot merged: (each run's end row, its slot), a run cut before a
+    sequence that would take it past `longest` rows (a sequence is never cut).
+    Example: lengths [1, 1, 1, 3], slots [2, 2, -1, 2] -> ([2, 3, 6], [2, -1, 2]); lengths [1] * 5 of
+    slot 4 with longest 2 -> ([2, 4, 5], [4, 4, 4])."""
     ends: list[int] = []
     slots: list[int] = []
     for slot, run in itertools.groupby(zip(lengths, slot_ids, strict=True), key=lambda pair: pair[1]):
-        ends.append((ends[-1] if ends else 0) + sum(length for length, _ in run))
+        start = ends[-1] if ends else 0
+        ends.append(start)
         slots.append(slot)
+        for length, _ in run:
+            if longest is not None and ends[-1] > start and ends[-1] - start + length > longest:
+                start = ends[-1]
+                ends.append(start)
+                slots.append(slot)
+            ends[-1] += length
     return ends, slots

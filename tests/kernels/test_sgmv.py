@@ -230,6 +230,14 @@ def test_split_k_partials_sum_to_the_reference(monkeypatch):
     sgmv_expand_reference(y, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, expected)
     sgmv_expand_group(partials, w.pool, w.b_rows[None], w.ranks[None], w.scales[None], indptr, seg_slots, out, [576])
     torch.testing.assert_close(out, expected, **tolerance)
+    # A CUDA graph's tables: a segment per row, most empty; K is split for the busy ones.
+    indptr, seg_slots = make_segments([2, 1, 0, 0, 0, 0, 0, 0], [5, 2] + [-1] * 6)
+    expected = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+    tables = (w.pool, w.a_rows[None], w.ranks[None], indptr, seg_slots)
+    sized_for_all = sgmv_shrink_group(x, *tables, zeroed=True)
+    sized_for_busy = sgmv_shrink_group(x, *tables, zeroed=True, busy_segments=2)
+    assert sized_for_busy.shape[0] > sized_for_all.shape[0]
+    torch.testing.assert_close(sized_for_busy.sum(0)[0], expected, **tolerance)
 
 
 def test_references_compute_the_lora_delta_at_each_rows_adapter():

@@ -121,6 +121,10 @@ def prepare(case: Case, dtype: torch.dtype) -> Prepared:
         pooled.append(pool_from_dense(lora_a.to(dtype), lora_b.to(dtype), ranks, scales, gen))
     indptr = torch.tensor([0, *torch.tensor(case.rows_per_adapter).cumsum(0).tolist()], dtype=torch.int32)
     seg_slots = torch.arange(num_slots, dtype=torch.int32)
+    if not case.prompt:  # as a CUDA graph lays decode out: a segment per row, the unused ones empty
+        rows = int(indptr[-1])
+        indptr = torch.cat([indptr, indptr[-1:].expand(rows - num_slots)])
+        seg_slots = torch.cat([seg_slots, torch.full((rows - num_slots,), -1, dtype=torch.int32)])
     x = torch.randn(int(indptr[-1]), case.in_features, generator=gen).to(dtype)
     out = torch.randn(x.shape[0], sum(case.widths), generator=gen).to(dtype)
     y_ref, out_ref, column = [], out.clone(), 0
@@ -149,9 +153,11 @@ def launches(case: Case, p: Prepared, out: torch.Tensor):
     shrink and adds to `out`."""
     pool, a_rows, b_rows, ranks, scales = p.group
     longest = max(case.rows_per_adapter) if case.prompt else None
+    busy = None if case.prompt else len(case.rows_per_adapter)  # as the engine tells a graph's kernels
 
     def run_shrink() -> torch.Tensor:
-        return sgmv_shrink_group(p.x, pool, a_rows, ranks, p.indptr, p.seg_slots, longest, row_alignment=p.alignment)
+        tables = (pool, a_rows, ranks, p.indptr, p.seg_slots, longest)
+        return sgmv_shrink_group(p.x, *tables, row_alignment=p.alignment, busy_segments=busy)
 
     partials = run_shrink()
 
@@ -294,7 +300,8 @@ def render(results: list[tuple[Case, str, dict[str, float]]], peak: float, comma
         "",
         "Each row is the engine's launch pair for one projection group (q/k/v or gate/up together) over "
         "adapters of one rank scattered in a pool: decode rows sorted by adapter (64 rows over 32 adapters: "
-        "segments of 2), or a row per adapter (BGMV), or prompts (SGMV). Bytes: x or y, each adapter's rows "
+        "segments of 2, laid out as a CUDA graph's tables are, a segment per row with the unused ones empty), "
+        "or a row per adapter (BGMV), or prompts (SGMV). Bytes: x or y, each adapter's rows "
         "once, and the output (read and written by the expand); the split-K partials the expand sums are not "
         "counted. Medians of CUDA-graph replays, with warm caches and cold (L2 flushed before each launch, "
         "as in a decode step); correctness against the torch reference checked first.",

@@ -19,6 +19,7 @@ class Request:
     prompt: list[int]
     model: str  # an adapter's name, or the base model's
     max_tokens: int
+    fields: dict = field(default_factory=dict)  # more of the body, as this server names the adapter
 
 
 @dataclass
@@ -126,6 +127,7 @@ async def send_request(client: httpx.AsyncClient, request: Request, start: float
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **request.fields,
     }
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:

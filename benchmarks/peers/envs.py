@@ -8,6 +8,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +51,7 @@ class System:
         return str(python)
 
     def _install(self, python: Path) -> None:
-        log = self.venv.with_suffix(".install.log")
+        log = self.venv.parent / f"{self.name}.install.log"
         print(f"{self.name}: installing {' '.join(self.requirements)} into {self.venv} (first run only; log {log})")
         self.venv.parent.mkdir(parents=True, exist_ok=True)
         steps = [
@@ -60,12 +62,7 @@ class System:
         if self.broken_extras:
             steps.append([str(python), "-m", "pip", "uninstall", "--quiet", "-y", *self.broken_extras])
         steps.append([str(python), "-c", self.check])
-        with log.open("w") as out:
-            for step in steps:
-                done = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, check=False)
-                if done.returncode != 0:
-                    tail = log.read_text().strip().splitlines()[-3:]
-                    raise PeerUnavailable(f"`{' '.join(step[2:])}` failed: {' / '.join(tail)}")
+        run_steps(steps, log, "w")
 
     def environment(self) -> dict[str, str]:
         """The process environment this system runs best with: every system gets tcmalloc, as
@@ -98,6 +95,94 @@ class VllmCpu(System):
         return env
 
 
+def run_steps(steps: list[list[str]], log: Path, mode: str = "a") -> None:
+    """Run each command in turn, output to `log`; the first failure raises PeerUnavailable with its end."""
+    with log.open(mode) as out:
+        for step in steps:
+            done = subprocess.run(step, stdout=out, stderr=subprocess.STDOUT, check=False)
+            if done.returncode != 0:
+                tail = log.read_text().strip().splitlines()[-3:]
+                raise PeerUnavailable(f"`{' '.join(step[2:])}` failed: {' / '.join(tail)}")
+
+
+@dataclass(frozen=True)
+class LlamaCpp(System):
+    """llama.cpp's `llama-server`, built from the source the `llama-cpp-python` sdist vendors (no
+    prebuilt binary can be downloaded here), as its docs advise for a CPU: native instructions
+    and OpenMP. Its environment holds cmake and ninja for the build and the packages its GGUF
+    converters need; the runner converts the job's model and adapters with them."""
+
+    source_version: str = ""  # of llama-cpp-python, whose sdist carries the llama.cpp tree
+
+    @property
+    def source(self) -> Path:
+        return PEERS_DIR / f"llama.cpp-{self.source_version}"
+
+    @property
+    def server(self) -> Path:
+        return self.source / "build" / "bin" / "llama-server"
+
+    def python(self, override: str | None = None) -> str:
+        python = super().python(override)
+        if not override and not self.server.exists():
+            self._build(Path(python))
+        return python
+
+    def _build(self, python: Path) -> None:
+        log = self.venv.parent / f"{self.name}.build.log"
+        bin_dir = python.parent
+        cores = str(os.cpu_count() or 1)
+        print(
+            f"{self.name}: building llama-server from llama-cpp-python {self.source_version}'s llama.cpp "
+            f"(first run only, ~6 minutes on 2 cores; log {log})",
+            flush=True,
+        )
+        start = time.perf_counter()
+        download = PEERS_DIR / "downloads"
+        sdist = f"llama_cpp_python-{self.source_version}.tar.gz"
+        run_steps(
+            [[str(python), "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps", "-d",
+              str(download), f"llama-cpp-python=={self.source_version}"]],
+            log, "w",
+        )  # fmt: skip
+        prefix = f"llama_cpp_python-{self.source_version}/vendor/llama.cpp/"
+        with tarfile.open(download / sdist) as archive:
+            members = []
+            for member in archive.getmembers():
+                if member.name.startswith(prefix):
+                    member.name = member.name.removeprefix(prefix)
+                    members.append(member)
+            archive.extractall(self.source, members=members, filter="data")  # refuses paths out of the tree
+        build = self.source / "build"
+        run_steps(
+            [
+                [str(python), "-m", "pip", "install", "--quiet", str(self.source / "gguf-py")],
+                [str(bin_dir / "cmake"), "-S", str(self.source), "-B", str(build), "-G", "Ninja",
+                 f"-DCMAKE_MAKE_PROGRAM={bin_dir / 'ninja'}", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+                 "-DGGML_OPENMP=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"],
+                [str(bin_dir / "cmake"), "--build", str(build), "--target", "llama-server", "-j", cores],
+            ],
+            log,
+        )  # fmt: skip
+        minutes = (time.perf_counter() - start) / 60
+        (self.source / "build-minutes.txt").write_text(f"{minutes:.1f}\n")
+        print(f"{self.name}: built in {minutes:.1f} minutes", flush=True)
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        env.update(LLAMA_SERVER=str(self.server), LLAMA_CPP_DIR=str(self.source))
+        return env
+
+    def notes(self) -> list[str]:
+        built = self.source / "build-minutes.txt"
+        minutes = f" (built here in {built.read_text().strip()} minutes)" if built.exists() else ""
+        return [
+            *super().notes(),
+            f"llama.cpp: llama-server from the llama.cpp that llama-cpp-python {self.source_version} vendors"
+            f"{minutes}, native instructions and OpenMP",
+        ]
+
+
 LORASERVE = System("loraserve", "benchmarks.peers.run_loraserve")
 TRANSFORMERS = System(
     "transformers+peft",
@@ -113,4 +198,13 @@ VLLM = VllmCpu(
     broken_extras=("torchvision", "torchaudio", "torchcodec"),
     check="import vllm",
 )
-SYSTEMS = {s.name: s for s in (LORASERVE, TRANSFORMERS, VLLM)}
+LLAMA_CPP = LlamaCpp(
+    "llama.cpp",
+    "benchmarks.peers.run_llama_cpp",
+    # What its converters ask (requirements/requirements-convert_*.txt), with our local torch;
+    # cmake and ninja build the server.
+    requirements=(TORCH, "transformers==4.57.6", "numpy", "sentencepiece", "protobuf<5", "cmake", "ninja"),
+    check="import transformers, sentencepiece",
+    source_version="0.3.36",
+)
+SYSTEMS = {s.name: s for s in (LORASERVE, TRANSFORMERS, VLLM, LLAMA_CPP)}

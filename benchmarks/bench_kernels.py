@@ -272,7 +272,7 @@ def sweep(cold: ColdTimer) -> tuple[LaunchShapes, dict]:
     prepared = [(case, prepare(case, torch.bfloat16)) for case in decode if case.rank == 16]
     start = shapes_for(torch.device("cuda"))
     baseline = layer_cold_us(DEFAULT, prepared, cold)
-    best, best_us = start, layer_cold_us(start, prepared, cold)
+    best, best_us = start, baseline if start == DEFAULT else layer_cold_us(start, prepared, cold)
     for stage, grid in (("shrink", SHRINK_GRID), ("expand", EXPAND_GRID)):
         for shape in grid:
             candidate = dataclasses.replace(best, **{stage: shape})

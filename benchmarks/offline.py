@@ -355,7 +355,7 @@ def plot_name(systems: list[str]) -> str:
 
 
 def _partial_title(systems: list[str]) -> str:
-    """ ": loraserve, llama.cpp" for a run of some peers; "" for the full comparison."""
+    """The title's ": loraserve, llama.cpp" for a run of some peers; "" for the full comparison."""
     return f": {', '.join(systems)}" if run_name(systems) else ""
 
 

@@ -86,7 +86,7 @@ def _command(system: System, python: str, settings: ServerSettings, port: int, w
             *("--dtype", settings.dtype, "--port", str(port), "--parallel", str(settings.max_num_seqs)),
             *("--work", str(work_dir / "llama.cpp-gguf"), *(str(p) for p in settings.adapters)),
         ]
-        raise ValueError(f"no server for {system.name}")
+    raise ValueError(f"no server for {system.name}")
 
 
 def base_model_name(url: str) -> str:

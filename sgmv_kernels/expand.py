@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from sgmv_kernels.checks import check_expand
-from sgmv_kernels.launch import shapes_for
+from sgmv_kernels.launch import ExpandShape, shapes_for
 from sgmv_kernels.layout import gather_rows
 from sgmv_kernels.shrink import row_programs, row_segments
 
@@ -120,7 +120,7 @@ BLOCK_M, BLOCK_K = 16, 16  # a tensor-core tile of rows; rank in steps of 16
 NARROWEST_COLUMN_BLOCK = 64  # a fused group's widths must be multiples of it
 
 
-def column_block(widths: list[int], widest: int = 256) -> int | None:
+def column_block(widths: list[int], widest: int = ExpandShape.column_block) -> int | None:
     """Columns per program, at most `widest` (a power of two): within one projection (a group's
     widths are multiples of it), as wide as the widths allow; None when a group cannot share a
     launch (run its projections one by one)."""

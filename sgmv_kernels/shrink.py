@@ -169,8 +169,8 @@ def sgmv_shrink_group(
         check_shrink(x, pool, a_rows[p], ranks[p], seg_slots, seg_indptr)
     num_projections, _, max_rank = a_rows.shape
     n_blocks, m_programs = triton.cdiv(max_rank, BLOCK_N), row_programs(max_segment_len, BLOCK_M)
-    programs = seg_slots.numel() * m_programs * num_projections * n_blocks
-    busy_programs = (busy_segments or seg_slots.numel()) * m_programs * num_projections * n_blocks
+    per_segment = m_programs * num_projections * n_blocks
+    programs, busy_programs = seg_slots.numel() * per_segment, (busy_segments or seg_slots.numel()) * per_segment
     shape = shapes_for(x.device).shrink
     splits, k_per_split = _split_k(x.shape[1], busy_programs, shape.block_k, shape.split_waves, x.device)
     allocate = torch.zeros if zeroed else torch.empty

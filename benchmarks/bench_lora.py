@@ -1,5 +1,6 @@
 """Multi-LoRA throughput: 64 requests over 32 distinct adapters vs the same requests on the base model
-vs peft's mixed-adapter batch (`generate(..., adapter_names=...)`).
+vs peft's mixed-adapter batch (`generate(..., adapter_names=...)`); and the same requests over 32 DoRA
+adapters (peft refuses DoRA in a mixed-adapter batch, so it has no DoRA row).
 
     python -m benchmarks.bench_lora            # writes its section of docs/benchmarks.md
     python -m benchmarks.bench_lora --quick    # smoke run, nothing written
@@ -97,9 +98,11 @@ def main() -> None:
         for i, path in enumerate(paths[1:], start=1):
             peft_model.load_adapter(path, adapter_name=f"adapter-{i}")
         peft_model.eval()
-        samples: dict[str, list[float]] = {"lora": [], "base": [], "peft": []}
+        dora_paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp), dora=True)
+        samples: dict[str, list[float]] = {"lora": [], "dora": [], "base": [], "peft": []}
         for _ in range(args.repeats):
             samples["lora"].append(run_loraserve(loaded, prompts, names, args.max_tokens, paths))
+            samples["dora"].append(run_loraserve(loaded, prompts, names, args.max_tokens, dora_paths))
             samples["base"].append(run_loraserve(loaded, prompts, [None] * len(prompts), args.max_tokens, paths))
             samples["peft"].append(run_peft(peft_model, loaded.tokenizer, prompts, names, args.max_tokens))
             print({k: f"{v[-1]:.0f} tok/s" for k, v in samples.items()}, flush=True)
@@ -123,6 +126,8 @@ def main() -> None:
             f"| loraserve, base model only (same requests) | {median_spread(samples['base'])} | 1.00 |",
             f"| loraserve, {args.adapters} adapters | {median_spread(samples['lora'])} | "
             f"{median['lora'] / median['base']:.2f} of base |",
+            f"| loraserve, {args.adapters} DoRA adapters (same ranks and targets) | {median_spread(samples['dora'])} | "
+            f"{median['dora'] / median['lora']:.2f} of LoRA |",
             f"| peft mixed-adapter batch | {median_spread(samples['peft'])} | loraserve is "
             f"{median['lora'] / median['peft']:.1f}x peft |",
         ]

@@ -27,9 +27,11 @@ def write_random_adapters(
     ranks: tuple[int, ...] = (8, 16),
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
+    dora: bool = False,
 ) -> list[Path]:
     """`count` adapters named adapter-0.. under `out_dir`; adapter i has rank `ranks[i % len(ranks)]`.
-    Stored in bfloat16 by default, as peft saves the adapters of a bfloat16 model."""
+    Stored in bfloat16 by default, as peft saves the adapters of a bfloat16 model. `dora`: DoRA adapters
+    (a magnitude vector per module, near one)."""
     shapes = projection_shapes(spec)
     generator = torch.Generator().manual_seed(seed)
     paths = []
@@ -43,7 +45,10 @@ def write_random_adapters(
                 prefix = f"base_model.model.model.layers.{layer}.{block}.{projection}"
                 tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) * 0.02
                 tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
-        path = out_dir / f"adapter-{i}"
+                if dora:
+                    magnitude = 1 + 0.1 * torch.randn(out_features, generator=generator)
+                    tensors[f"{prefix}.lora_magnitude_vector"] = magnitude
+        path = out_dir / f"{'dora' if dora else 'adapter'}-{i}"
         path.mkdir(parents=True, exist_ok=True)
         save_file({k: v.to(dtype) for k, v in tensors.items()}, path / "adapter_model.safetensors")
         config = {
@@ -53,6 +58,7 @@ def write_random_adapters(
             "lora_alpha": 2 * rank,
             "target_modules": list(projections),
             "bias": "none",
+            "use_dora": dora,
         }
         (path / "adapter_config.json").write_text(json.dumps(config, indent=2))
         paths.append(path)

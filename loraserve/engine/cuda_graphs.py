@@ -19,6 +19,7 @@ rows 0-4 are the step's hidden states.
 
 from __future__ import annotations
 
+import enum
 import logging
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 
 from loraserve.lora.backends import TritonLora
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch, adapter_runs
+from loraserve.lora.dora_rows import PooledDoraRows
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
 from loraserve.models.llama import KVCache, LlamaForCausalLM
@@ -106,6 +108,22 @@ class StaticDecodeInputs:
         self.block_tables[:bucket].copy_(staged[:, 7:])
 
 
+class GraphLora(enum.Enum):
+    """What a captured step computes of LoRA: a graph per kind, so a step without DoRA (or without any
+    adapter) launches none of its kernels."""
+
+    NONE = "none"
+    LORA = "lora"
+    DORA = "dora"  # LoRA, then DoRA's output scales
+
+    @classmethod
+    def of(cls, lora_slots: list[int], has_dora: list[bool]) -> GraphLora:
+        used = [slot for slot in lora_slots if slot != NO_ADAPTER]
+        if not used:
+            return cls.NONE
+        return cls.DORA if any(has_dora[slot] for slot in used) else cls.LORA
+
+
 class DecodeGraphs:
     """Captures the decode step per bucket at start; `run` replays one, or says None (run eagerly)."""
 
@@ -124,19 +142,19 @@ class DecodeGraphs:
         device = str(model.embed_tokens.device)
         self.buckets = batch_buckets(max_rows)
         self.inputs = StaticDecodeInputs(self.buckets[-1], max_blocks, scratch_block, device)
-        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, GraphLora], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._memory_pool = torch.cuda.graph_pool_handle() if torch.cuda.is_available() else None  # shared
 
     def capture(self) -> None:
         """Capture every bucket, largest first (the smaller ones reuse its memory pool)."""
         free_before = torch.cuda.mem_get_info()[0]
         for bucket in reversed(self.buckets):
-            for with_lora in (True, False):
-                self._graphs[(bucket, with_lora)] = self._capture_one(bucket, with_lora)
+            for lora in GraphLora:
+                self._graphs[(bucket, lora)] = self._capture_one(bucket, lora)
         torch.cuda.synchronize()
         memory_bytes = max(0, free_before - torch.cuda.mem_get_info()[0])
         logger.info(
-            "captured decode CUDA graphs for batch sizes %s (with and without LoRA): %.0f MiB of GPU memory",
+            "captured decode CUDA graphs for batch sizes %s (no LoRA, LoRA, DoRA): %.0f MiB of GPU memory",
             self.buckets, memory_bytes / 2**20,
         )  # fmt: skip
 
@@ -148,16 +166,16 @@ class DecodeGraphs:
         if index == len(self.buckets) or any(len(table) > max_blocks for table in rows.block_tables):
             return None
         bucket = self.buckets[index]
-        with_lora = any(slot != NO_ADAPTER for slot in rows.lora_slots)
+        lora = GraphLora.of(rows.lora_slots, self.adapter_slots.has_dora)
         self.inputs.fill(rows, bucket)
-        captured = self._graphs.get((bucket, with_lora))
+        captured = self._graphs.get((bucket, lora))
         if captured is None:  # not captured (no CUDA): the same step over the same buffers, eagerly
-            return self.forward(bucket, with_lora)[: len(rows)]
+            return self.forward(bucket, lora)[: len(rows)]
         graph, output = captured
         graph.replay()
         return output[: len(rows)]
 
-    def forward(self, bucket: int, with_lora: bool) -> torch.Tensor:
+    def forward(self, bucket: int, kind: GraphLora) -> torch.Tensor:
         """The decode step over the static buffers' first `bucket` rows: what is captured."""
         inputs = self.inputs
         group = AttentionGroup(
@@ -176,21 +194,22 @@ class DecodeGraphs:
             decode_kernel=self.decode_kernel,
         )
         lora = None
-        if with_lora:
+        if kind is not GraphLora.NONE:
             bounds, slots = inputs.segment_bounds[: bucket + 1], inputs.segment_slots[:bucket]
             busy = min(bucket, self.adapter_slots.num_slots)  # segments: about one per adapter running
-            lora = LoraBatch(self.adapter_slots, bounds, slots, TritonLora(), busy_segments=busy)
+            dora = PooledDoraRows(self.adapter_slots, bounds, slots) if kind is GraphLora.DORA else None
+            lora = LoraBatch(self.adapter_slots, bounds, slots, TritonLora(), busy_segments=busy, dora=dora)
         return self.model(inputs.input_ids[:bucket], inputs.positions[:bucket], metadata, self.kv_caches, lora)
 
-    def _capture_one(self, bucket: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_one(self, bucket: int, lora: GraphLora) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Warm up on a side stream first (Triton compiles, cuBLAS picks its kernels), as torch advises.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.forward(bucket, with_lora)
+                self.forward(bucket, lora)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._memory_pool):
-            output = self.forward(bucket, with_lora)
+            output = self.forward(bucket, lora)
         return graph, output

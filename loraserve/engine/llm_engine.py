@@ -26,6 +26,7 @@ from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterEr
 from loraserve.lora.adapter import LoraAdapter, read_adapter
 from loraserve.lora.adapter_sandbox import check_untrusted_adapter
 from loraserve.lora.adapter_state import AdapterSource, AdapterState
+from loraserve.lora.dora import with_dora_scales
 from loraserve.lora.manager import AdapterManager
 from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel, load_model
@@ -66,14 +67,16 @@ class LLMEngine:
     def read_adapter(self, path: str | Path, trusted: bool = True) -> LoraAdapter:
         """Read and validate a PEFT adapter directory against this base model; raises AdapterError.
 
-        Files not trusted yet (uploads) are parsed in a child process first (adapter_sandbox.py).
+        Files not trusted yet (uploads) are parsed in a child process first (adapter_sandbox.py). A DoRA
+        adapter comes with its scale vectors (lora/dora.py).
         Touches no engine state: call it from any thread, without the engine's lock.
         """
         path, spec, max_rank = Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank
         max_value = largest_finite(self.loaded.dtype)
         config = None if trusted else check_untrusted_adapter(path, spec, max_rank, max_value)
         base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
-        return read_adapter(path, spec, max_rank, base_names, max_value, config)
+        adapter = read_adapter(path, spec, max_rank, base_names, max_value, config)
+        return with_dora_scales(adapter, self.loaded.model)  # from the weights only: once, here
 
     def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
         """Read, validate and serve the PEFT adapter in `path` under `name` (a slot at its first request);

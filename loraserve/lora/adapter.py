@@ -27,18 +27,24 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLE_FILES = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
+# lora_A / lora_B weights, and DoRA's magnitude vector (PEFT saves it without ".weight").
 _TENSOR_NAME = re.compile(
-    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$"
+    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\."
+    r"(?:lora_([AB])(?:\.\w+)?\.weight|lora_(magnitude)_vector(?:\.weight)?)$"
 )
+MAGNITUDE = "magnitude"
 
 
 @dataclass(frozen=True)
 class LoraWeights:
-    """One adapted projection of one layer: delta(x) = (x @ a.T) @ b.T * scale."""
+    """One adapted projection of one layer: delta(x) = (x @ a.T) @ b.T * scale; with DoRA the output
+    (base and delta) is then multiplied per column by `dora_scale`, magnitude / ||W + scale B A||_row."""
 
     a: torch.Tensor  # [rank, in_features] float32
     b: torch.Tensor  # [out_features, rank] float32
     scale: float
+    magnitude: torch.Tensor | None = None  # [out_features] float32: DoRA's m, as saved
+    dora_scale: torch.Tensor | None = None  # [out_features] float32, worked out from m and the base (dora.py)
 
     @property
     def rank(self) -> int:
@@ -57,6 +63,10 @@ class LoraAdapter:
     base_model_name: str | None
     sha256: str  # of the config and weights files, in that order: the adapter's content identity
     num_bytes: int
+
+    @property
+    def use_dora(self) -> bool:
+        return any(w.magnitude is not None for w in self.weights.values())
 
 
 def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
@@ -118,7 +128,7 @@ def _lora_pairs(tensors: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[tuple
         match = _TENSOR_NAME.match(name)
         if match is None:
             raise AdapterError(WEIGHTS_FILE, f"unexpected tensor {name!r}: only LoRA A/B of the projections are served")
-        layer, projection, side = int(match[1]), match[3], match[4]
+        layer, projection, side = int(match[1]), match[3], match[4] or match[5]
         if projection not in PROJECTIONS:
             raise AdapterError("target_modules", f"LoRA on {projection!r} is not supported; only {PROJECTIONS}")
         if not 0 <= layer < spec.num_layers:
@@ -136,8 +146,9 @@ def _validated_weights(
     weights: dict[tuple[int, str], LoraWeights] = {}
     for (layer, projection), sides in sorted(pairs.items()):
         where = f"layer {layer} {projection}"
-        if set(sides) != {"A", "B"}:
+        if not {"A", "B"} <= set(sides):
             raise AdapterError(WEIGHTS_FILE, f"{where} has lora_{next(iter(sides))} without its pair")
+        magnitude = _magnitude(sides.get(MAGNITUDE), config.use_dora, where, shapes[projection][1])
         # fan_in_fan_out describes Conv1D base weights; for Linear projections PEFT itself
         # turns it off and stores A and B as Linear weights, so they are read as they are.
         a, b = sides["A"], sides["B"]
@@ -154,8 +165,27 @@ def _validated_weights(
         a, b = a.float().contiguous(), b.float().contiguous()
         if not (bool(a.isfinite().all()) and bool(b.isfinite().all())):
             raise AdapterError(WEIGHTS_FILE, f"{where}: the weights hold NaN or infinite values")
-        weights[(layer, projection)] = LoraWeights(a=a, b=b, scale=config.scale((layer, projection)))
+        scale = config.scale((layer, projection))
+        weights[(layer, projection)] = LoraWeights(a=a, b=b, scale=scale, magnitude=magnitude)
     return weights
+
+
+def _magnitude(tensor: torch.Tensor | None, use_dora: bool, where: str, out_features: int) -> torch.Tensor | None:
+    """DoRA's magnitude vector of one module: present exactly when the config says use_dora."""
+    if not use_dora:
+        if tensor is not None:
+            raise AdapterError("use_dora", f"{where} has a lora_magnitude_vector but use_dora is not true")
+        return None
+    if tensor is None:
+        raise AdapterError(WEIGHTS_FILE, f"{where}: use_dora is true but its lora_magnitude_vector is missing")
+    if tensor.shape != (out_features,):
+        raise AdapterError(
+            WEIGHTS_FILE, f"{where}: lora_magnitude_vector {tuple(tensor.shape)} does not fit ({out_features},)"
+        )
+    magnitude = tensor.float().contiguous()
+    if not bool(magnitude.isfinite().all()):
+        raise AdapterError(WEIGHTS_FILE, f"{where}: lora_magnitude_vector holds NaN or infinite values")
+    return magnitude
 
 
 def _read_tensors(weights_path: Path) -> dict[str, torch.Tensor]:

@@ -29,7 +29,6 @@ _BLOCK_OF = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn"
 # PEFT config fields whose non-neutral value changes what the adapter computes in ways we
 # do not implement. A field absent from the config counts as neutral.
 _UNSUPPORTED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "use_dora": (False, None),
     "modules_to_save": (None, []),
     "bias": ("none", None),
     "lora_bias": (False, None),
@@ -55,6 +54,7 @@ class AdapterConfig:
     rank: int  # the config's r; a module's own rank may differ (rank_pattern)
     alpha: float
     use_rslora: bool
+    use_dora: bool  # DoRA: each adapted module's output rescaled per row (lora/dora.py)
     target_modules: frozenset[str]  # the projections `target_modules` selects
     modules: dict[Module, tuple[int, float]]  # every (layer, projection) of the base model -> (rank, alpha)
     base_model_name: str | None
@@ -95,9 +95,7 @@ def parse_config(
             raise AdapterError(field, f"{config[field]!r} is not supported (loraserve serves plain LoRA)")
     rank = _rank(config.get("r"), "r", max_rank)
     alpha = _alpha(config.get("lora_alpha"), "lora_alpha")
-    use_rslora = config.get("use_rslora", False)
-    if not isinstance(use_rslora, bool):
-        raise AdapterError("use_rslora", f"must be true or false, got {use_rslora!r}")
+    use_rslora, use_dora = (_flag(config, field) for field in ("use_rslora", "use_dora"))
     base_model_name = config.get("base_model_name_or_path")
     if base_model_name is not None and not isinstance(base_model_name, str):
         raise AdapterError("base_model_name_or_path", f"must be a string, got {base_model_name!r}")
@@ -113,6 +111,7 @@ def parse_config(
         rank=rank,
         alpha=alpha,
         use_rslora=use_rslora,
+        use_dora=use_dora,
         target_modules=frozenset(targets),
         modules={module: (ranks.get(module, rank), alphas.get(module, alpha)) for module in names},
         base_model_name=base_model_name,
@@ -136,6 +135,15 @@ def _read_json(config_path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise AdapterError(CONFIG_FILE, "must hold a JSON object")
     return config
+
+
+def _flag(config: dict[str, Any], field: str) -> bool:
+    value = config.get(field, False)
+    if value is None:  # PEFT writes null for an unset use_dora
+        return False
+    if not isinstance(value, bool):
+        raise AdapterError(field, f"must be true or false, got {value!r}")
+    return value
 
 
 def _rank(value: Any, field: str, max_rank: int) -> int:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from loraserve.lora.backends import LoraBackend
+from loraserve.lora.backends import LoraBackend, TritonLora
+from loraserve.lora.dora_rows import DoraRows, plan_dora_rows
 from loraserve.lora.residency import NO_ADAPTER
 from loraserve.lora.slots import AdapterSlots
 
@@ -32,6 +33,7 @@ class LoraBatch:
     max_segment_len: int | None = None
     # Segments that hold rows, where the tables have more (a CUDA graph's): sizes the kernels' K split.
     busy_segments: int | None = None
+    dora: DoraRows | None = None  # the step's DoRA rows; None: no adapter of the step has DoRA
 
     @classmethod
     def build(
@@ -42,19 +44,27 @@ class LoraBatch:
             return None
         ends, run_slots = adapter_runs(lengths, slot_ids)
         device = slots.pool.buffer.device
+        seg_indptr = torch.tensor([0, *ends], dtype=torch.int32, device=device)
+        seg_slots = torch.tensor(run_slots, dtype=torch.int32, device=device)
         return cls(
             slots=slots,
-            seg_indptr=torch.tensor([0, *ends], dtype=torch.int32, device=device),
-            seg_slots=torch.tensor(run_slots, dtype=torch.int32, device=device),
+            seg_indptr=seg_indptr,
+            seg_slots=seg_slots,
             backend=backend,
             plan=backend.plan(slots, lengths, slot_ids),
             max_segment_len=max(end - start for start, end in zip([0, *ends], ends, strict=False)),
+            dora=plan_dora_rows(
+                slots, lengths, slot_ids, seg_indptr, seg_slots, pooled=isinstance(backend, TritonLora)
+            ),
         )
 
     def add(self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, widths] += LoRA(x [T, in_features]) with each row's adapter, in place. `projections`
-        share the input x and their outputs lie side by side in `out` (q/k/v, gate/up), or it is one."""
+        share the input x and their outputs lie side by side in `out` (q/k/v, gate/up), or it is one.
+        Rows of DoRA adapters then scale base and delta together."""
         self.backend.add(self, layer, projections, x, out)
+        if self.dora is not None:
+            self.dora.apply(layer, projections, out)
 
 
 def adapter_runs(lengths: list[int], slot_ids: list[int], longest: int | None = None) -> tuple[list[int], list[int]]:

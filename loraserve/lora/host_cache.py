@@ -8,8 +8,9 @@ from loraserve.lora.adapter import LoraAdapter
 
 
 def host_bytes(adapter: LoraAdapter) -> int:
-    """What the adapter's float32 weights take in memory."""
-    return sum((w.a.numel() + w.b.numel()) * w.a.element_size() for w in adapter.weights.values())
+    """What the adapter's float32 weights (DoRA's vectors too) take in memory."""
+    tensors = (t for w in adapter.weights.values() for t in (w.a, w.b, w.magnitude, w.dora_scale) if t is not None)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class HostCache:

@@ -4,7 +4,8 @@ A slot is what the kernels index by (at most `max_loras` adapters run in one ste
 weights themselves live in pages of the memory pool, taken in proportion to the
 adapter's size. Per layer and projection the kernels get a `PooledLora` view: the pool
 and, per slot, the offsets of A's rows and of B^T's rows (padding entries point at the
-pool's zero tail), the rank (0 = not adapted) and the scale.
+pool's zero tail), the rank (0 = not adapted) and the scale; a DoRA module also keeps one row of
+its output scale vector (`dora_rows`, -1 where there is none).
 
 Rows are packed into the pages' slabs in order, never split across slabs. A load
 reserves a slot and its pages, writes them (possibly from the loader thread while steps
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,12 +29,17 @@ from sgmv_kernels import PooledLora
 from sgmv_kernels.layout import row_alignment
 from sgmv_kernels.native import ProjectionGroup
 
+if TYPE_CHECKING:
+    from loraserve.lora.dora_rows import DenseDoraScales
+
 LayerLora = dict[str, PooledLora]  # projection name -> its weights in every slot
+DORA_SCALE = 2  # RowBlock.matrix of a DoRA scale row
+NO_DORA = -1  # dora_rows entry of a module without DoRA
 
 
 @dataclass(frozen=True)
 class RowBlock:
-    """`rank` rows of `width` elements, rows of A (`matrix` 0) or of B^T (1) of one projection."""
+    """`rank` rows of `width` elements: rows of A (`matrix` 0), of B^T (1), or DoRA's one scale row (2)."""
 
     layer: int
     projection: int  # index in PROJECTIONS
@@ -52,13 +59,17 @@ class Placement:
 
 
 def row_blocks(adapter: LoraAdapter) -> Iterator[RowBlock]:
-    """A's then B^T's rows of each projection, layer by layer in PROJECTIONS order: the order the
-    CPU kernel reads them, so each call (q/k/v, o, gate/up, down) streams one run per adapter."""
+    """A's then B^T's rows of each projection (then its DoRA scale row), layer by layer in PROJECTIONS
+    order: the order the CPU kernel reads them, so each call (q/k/v, o, gate/up, down) streams one run
+    per adapter."""
     in_read_order = sorted(adapter.weights.items(), key=lambda item: (item[0][0], PROJECTIONS.index(item[0][1])))
     for (layer, projection), weights in in_read_order:
         index = PROJECTIONS.index(projection)
         yield RowBlock(layer, index, 0, weights.a)
         yield RowBlock(layer, index, 1, weights.b.T)
+        if weights.magnitude is not None:
+            assert weights.dora_scale is not None, "a DoRA adapter is stored with its scales (dora.py)"
+            yield RowBlock(layer, index, DORA_SCALE, weights.dora_scale[None])
 
 
 def pack(blocks: Iterator[RowBlock], slab_elems: int) -> tuple[list[Placement], int]:
@@ -94,6 +105,8 @@ class AdapterSlots:
         )
         self.ranks = torch.zeros(shape, dtype=torch.int32, device=device)
         self.scales = torch.zeros(shape, dtype=torch.float32, device=device)
+        self.dora_rows = torch.full(shape, NO_DORA, dtype=torch.int64, device=device)  # [layers, projections, slots]
+        self.has_dora = [False] * num_slots  # does the slot's adapter have any DoRA module?
         tables = (self.a_rows, self.b_rows, self.ranks, self.scales)
         self.layers: list[LayerLora] = [
             {name: PooledLora(pool.buffer, *(t[layer, p] for t in tables)) for p, name in enumerate(PROJECTIONS)}
@@ -104,6 +117,7 @@ class AdapterSlots:
         # Bumped whenever a slot gets new contents: dense stacks of slots are keyed on it.
         self._generations = [0] * num_slots
         self._stacked: StackedLora | None = None
+        self.dense_dora: DenseDoraScales | None = None  # the CPU's DoRA scales of the running adapters
         self._groups: dict[tuple[int, tuple[str, ...]], ProjectionGroup] = {}
         # A row starts at a slab's start plus whole rows, or at the zero tail (see pack).
         widths = [width for shape in self.shapes.values() for width in shape]
@@ -111,10 +125,14 @@ class AdapterSlots:
 
     def stacked(self, slots: list[int]) -> StackedLora:
         """Dense stacks of these slots' weights (the CPU path), reused while the same adapters run."""
-        key = tuple((slot, self._generations[slot]) for slot in slots)
+        key = self.generation_key(slots)
         if self._stacked is None or self._stacked.key != key:
             self._stacked = StackedLora.build(key, self.ranks, self.scales, self.shapes)
         return self._stacked
+
+    def generation_key(self, slots: list[int]) -> tuple[tuple[int, int], ...]:
+        """Which contents these slots hold: dense copies of them stay valid while it is the same."""
+        return tuple((slot, self._generations[slot]) for slot in slots)
 
     def projection_group(self, layer: int, projections: tuple[str, ...]) -> ProjectionGroup:
         """The tables of projections that share an input (consecutive in PROJECTIONS), as views."""
@@ -178,12 +196,16 @@ class AdapterSlots:
         staging = torch.zeros(num_slabs, pool.slab_elems, dtype=pool.dtype)
         slab_ids = [pool.slab_id(pages[s // pool.slabs_per_page], s % pool.slabs_per_page) for s in range(num_slabs)]
         tables = torch.full((2, *self.a_rows[:, :, 0].shape), pool.zero_offset, dtype=torch.int64)  # A's, B^T's
+        dora_rows = torch.full(self.dora_rows[:, :, 0].shape, NO_DORA, dtype=torch.int64)
         for placed in placements:
             block, width = placed.block, placed.block.rows.shape[1]
             placed_rows = slice(placed.first_row, placed.first_row + placed.num_rows)
             rows = block.rows[placed_rows].flatten()
             staging[placed.slab, placed.start : placed.start + rows.numel()] = rows
             first = slab_ids[placed.slab] * pool.slab_elems + placed.start
+            if block.matrix == DORA_SCALE:
+                dora_rows[block.layer, block.projection] = first
+                continue
             tables[block.matrix, block.layer, block.projection, placed_rows] = (
                 torch.arange(placed.num_rows) * width + first
             )
@@ -202,8 +224,10 @@ class AdapterSlots:
             self.b_rows[:, :, slot] = tables[1].to(device, non_blocking=True)
             self.ranks[:, :, slot] = ranks.to(device, non_blocking=True)
             self.scales[:, :, slot] = scales.to(device, non_blocking=True)
+            self.dora_rows[:, :, slot] = dora_rows.to(device, non_blocking=True)
         if self._copy_stream is not None:
             self._copy_stream.synchronize()
+        self.has_dora[slot] = adapter.use_dora
 
     def activate(self, slot: int) -> None:
         """The reserved slot's weights are written: the kernels may use it from the next step."""
@@ -213,4 +237,6 @@ class AdapterSlots:
         """Free the slot and its pages (no running sequence uses it)."""
         self.ranks[:, :, slot] = 0
         self.scales[:, :, slot] = 0.0
+        self.dora_rows[:, :, slot] = NO_DORA
+        self.has_dora[slot] = False
         self.cancel(slot)

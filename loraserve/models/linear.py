@@ -46,6 +46,7 @@ class Linear(nn.Module):
         self.bias = empty_param(out_features, dtype=dtype, device=device) if bias else None
         self.is_packed = False
         self.narrow: Callable[[torch.Tensor], torch.Tensor] | None = None  # set by hold_narrow
+        self._row_norms: torch.Tensor | None = None  # kept before the dense weight goes (pack, hold_narrow)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.narrow is not None:
@@ -55,8 +56,16 @@ class Linear(nn.Module):
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def row_norms_squared(self) -> torch.Tensor:
+        """||W_i||^2 of every output row, float32 [out_features] (DoRA's norms need it, lora/dora.py)."""
+        if self._row_norms is None:
+            assert not self.is_packed and self.narrow is None, "the dense weight is gone; norms kept before"
+            self._row_norms = self.weight.detach().float().square().sum(dim=1)
+        return self._row_norms
+
     def pack(self) -> None:
         """Reorder the loaded weight into oneDNN's layout; call once, after loading."""
+        self.row_norms_squared()
         self.weight = nn.Parameter(
             torch.ops.mkldnn._reorder_linear_weight(self.weight.data, PACKING_BATCH_HINT), requires_grad=False
         )
@@ -64,6 +73,7 @@ class Linear(nn.Module):
 
     def hold_narrow(self, narrow: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> None:
         """Keep the weight only as `narrow(weight)` (cpu_linear.NarrowMatmul), which computes the matmul."""
+        self.row_norms_squared()
         self.narrow = narrow(self.weight.data)
         self.weight = None  # type: ignore[assignment]
 

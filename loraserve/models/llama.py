@@ -237,6 +237,24 @@ class LlamaForCausalLM(nn.Module):
                 module.hold_narrow(narrow)
         self.embed_tokens = nn.Parameter(self.embed_tokens.data.to(torch.bfloat16), requires_grad=False)
 
+    def projection(self, layer: int, projection: str) -> tuple[Linear, slice]:
+        """The matmul computing a LoRA target projection ("q_proj", ...) of a layer, and its output columns."""
+        return self._projections(layer)[projection][1:]
+
+    def _projections(self, layer: int) -> dict[str, tuple[str, Linear, slice]]:
+        """Each projection of the HF layer -> (its block, the fused matmul computing it, its output columns)."""
+        attn, mlp = self.decoder_layers[layer].self_attn, self.decoder_layers[layer].mlp
+        q, kv, inter = attn.q_size, attn.kv_size, mlp.intermediate_size
+        return {
+            "q_proj": ("self_attn", attn.qkv_proj, slice(0, q)),
+            "k_proj": ("self_attn", attn.qkv_proj, slice(q, q + kv)),
+            "v_proj": ("self_attn", attn.qkv_proj, slice(q + kv, q + 2 * kv)),
+            "o_proj": ("self_attn", attn.o_proj, slice(None)),
+            "gate_proj": ("mlp", mlp.gate_up_proj, slice(0, inter)),
+            "up_proj": ("mlp", mlp.gate_up_proj, slice(inter, None)),
+            "down_proj": ("mlp", mlp.down_proj, slice(None)),
+        }
+
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, slice]]:
         """Every HF checkpoint tensor name this model needs -> (parameter, rows it fills)."""
         whole = slice(None)
@@ -248,20 +266,10 @@ class LlamaForCausalLM(nn.Module):
             targets["lm_head.weight"] = (self.lm_head.weight, whole)
         for i, layer in enumerate(self.decoder_layers):
             prefix = f"model.layers.{i}."
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv_rows = {
-                "q_proj": slice(0, attn.q_size),
-                "k_proj": slice(attn.q_size, attn.q_size + attn.kv_size),
-                "v_proj": slice(attn.q_size + attn.kv_size, attn.q_size + 2 * attn.kv_size),
-            }
-            for name, rows in qkv_rows.items():
-                targets[f"{prefix}self_attn.{name}.weight"] = (attn.qkv_proj.weight, rows)
-                if attn.qkv_proj.bias is not None:
-                    targets[f"{prefix}self_attn.{name}.bias"] = (attn.qkv_proj.bias, rows)
-            targets[f"{prefix}self_attn.o_proj.weight"] = (attn.o_proj.weight, whole)
-            targets[f"{prefix}mlp.gate_proj.weight"] = (mlp.gate_up_proj.weight, slice(0, mlp.intermediate_size))
-            targets[f"{prefix}mlp.up_proj.weight"] = (mlp.gate_up_proj.weight, slice(mlp.intermediate_size, None))
-            targets[f"{prefix}mlp.down_proj.weight"] = (mlp.down_proj.weight, whole)
+            for name, (block, linear, rows) in self._projections(i).items():
+                targets[f"{prefix}{block}.{name}.weight"] = (linear.weight, rows)
+                if linear.bias is not None:
+                    targets[f"{prefix}{block}.{name}.bias"] = (linear.bias, rows)
             targets[f"{prefix}input_layernorm.weight"] = (layer.input_layernorm.weight, whole)
             targets[f"{prefix}post_attention_layernorm.weight"] = (layer.post_attention_layernorm.weight, whole)
         return targets

@@ -1,4 +1,4 @@
-"""A heterogeneous batch of adapters gives each row exactly what peft gives with that adapter alone."""
+"""A heterogeneous batch of adapters (LoRA and DoRA) gives each row exactly what peft gives with that adapter alone."""
 
 from __future__ import annotations
 
@@ -27,6 +27,12 @@ ADAPTERS = {  # ranks 4 to 64, different targets, rsLoRA and plain, rank/alpha p
     "kv-regex-r16": dict(r=16, lora_alpha=32, target_modules=r".*self_attn\.(k_proj|v_proj)"),
     "all-r4-rs": dict(r=4, lora_alpha=16, use_rslora=True, target_modules=ALL),
     "attn-r64": dict(r=64, lora_alpha=64, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    # DoRA: rsLoRA on every projection; ranks 8-32 by pattern over q/k/v and gate
+    "dora-all-r4-rs": dict(r=4, lora_alpha=16, use_rslora=True, use_dora=True, target_modules=ALL),
+    "dora-qkv-gate-r32": dict(
+        r=32, lora_alpha=32, use_dora=True, target_modules=["q_proj", "k_proj", "v_proj", "gate_proj"],
+        rank_pattern={"k_proj": 8},
+    ),
 }  # fmt: skip
 
 
@@ -34,6 +40,7 @@ ADAPTERS = {  # ranks 4 to 64, different targets, rsLoRA and plain, rank/alpha p
 def peft_references(model_dir, tmp_path_factory, llm):
     """Save each adapter with peft, and record peft's greedy tokens and first-step log-probs for two prompts."""
     from peft import LoraConfig, get_peft_model
+    from peft.helpers import DoraCaching
     from transformers import AutoModelForCausalLM
 
     references = {}
@@ -42,16 +49,20 @@ def peft_references(model_dir, tmp_path_factory, llm):
         base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         peft_model = get_peft_model(base, LoraConfig(init_lora_weights=False, **config)).eval()
         # peft's random init makes deltas as large as the base weights; shrink B so answers stay language.
+        # DoRA's magnitudes start at the weight norms (a scale of one): move them so the scale counts.
         with torch.no_grad():
             for module_name, param in peft_model.named_parameters():
                 if "lora_B" in module_name:
                     param.mul_(0.3)
+                if "lora_magnitude_vector" in module_name:
+                    param.mul_(1 + 0.1 * torch.randn_like(param))
         path = tmp_path_factory.mktemp(name)
         peft_model.save_pretrained(path)
         prompts = [llm.chat_prompt_ids(CHAT_PROMPTS[(2 * i + j) % len(CHAT_PROMPTS)]) for j in range(2)]
         rows = []
         for prompt in prompts:
-            with torch.inference_mode():
+            # DoRA's weights (B A, the norms) computed once, not at every token: the same numbers, sooner.
+            with torch.inference_mode(), DoraCaching():
                 tokens = peft_model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
                 logprobs = peft_model(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
             rows.append((prompt, tokens[0, len(prompt) :].tolist(), logprobs))

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from loraserve.errors import AdapterError
 from loraserve.lora.adapter import WEIGHTS_FILE, read_adapter
@@ -70,7 +70,45 @@ def test_rslora_scales_by_the_square_root_and_a_regex_selects_modules(save_peft_
     assert adapter.weights[(3, "up_proj")].scale == pytest.approx(8 / math.sqrt(16))
 
 
+def test_dora_reads_each_modules_magnitude_and_the_engine_works_out_peft_s_scale(save_peft_adapter, spec, llm):
+    path, (peft_a, _) = save_peft_adapter(
+        r=8, lora_alpha=16, use_dora=True, use_rslora=True, target_modules=["q_proj", "down_proj"],
+        rank_pattern={"down_proj": 4},
+    )  # fmt: skip
+    adapter = read_adapter(path, spec, max_rank=64)
+    assert adapter.use_dora and adapter.weights[(0, "down_proj")].rank == 4
+    q = adapter.weights[(0, "q_proj")]
+    assert q.magnitude is not None and q.magnitude.shape == (spec.num_heads * spec.head_dim,)
+    assert torch.equal(q.a, peft_a) and q.dora_scale is None  # the scale needs the base weights
+    # The engine's copy has m / ||W + s B A||_row, which PEFT computes from the full matrix.
+    scaled = llm.engine.read_adapter(path).weights[(0, "q_proj")]
+    weight = llm.engine.loaded.model.projection(0, "q_proj")[0].weight[: q.b.shape[0]].float()
+    expected = q.magnitude / torch.linalg.norm(weight + q.scale * q.b @ q.a, dim=1)
+    assert scaled.dora_scale is not None and torch.allclose(scaled.dora_scale, expected, rtol=1e-5)
+
+
+def test_dora_tensors_must_match_the_config(save_peft_adapter, spec, tmp_path):
+    path, _ = save_peft_adapter(r=4, lora_alpha=8, use_dora=True, target_modules=["v_proj"])
+    with pytest.raises(AdapterError) as error:
+        read_adapter(_broken_copy(path, tmp_path / "off", use_dora=False), spec, max_rank=64)
+    assert error.value.field == "use_dora"  # magnitudes the config does not ask for are not ignored
+    tensors = load_file(path / WEIGHTS_FILE)
+    name = next(n for n in tensors if n.endswith("layers.2.self_attn.v_proj.lora_magnitude_vector"))
+    for change, message in (("nan", "NaN"), ("short", "does not fit"), ("drop", "missing")):
+        broken = _broken_copy(path, tmp_path / change)
+        edited = dict(tensors)
+        if change == "drop":
+            del edited[name]
+        else:
+            edited[name] = torch.full((7,), 1.0) if change == "short" else edited[name].clone().fill_(math.nan)
+        save_file(edited, broken / WEIGHTS_FILE)
+        with pytest.raises(AdapterError, match=message) as error:
+            read_adapter(broken, spec, max_rank=64)
+        assert error.value.field == WEIGHTS_FILE and "layer 2 v_proj" in str(error.value)
+
+
 def _broken_copy(source, tmp_path, **config_changes):
+    tmp_path.mkdir(exist_ok=True)
     for file in source.iterdir():
         (tmp_path / file.name).write_bytes(file.read_bytes())
     config = json.loads((tmp_path / "adapter_config.json").read_text())
@@ -88,7 +126,8 @@ def good_adapter(save_peft_adapter):
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"use_dora": True}, "use_dora"),
+        ({"use_dora": True}, WEIGHTS_FILE),  # DoRA without the magnitude vectors it needs
+        ({"use_dora": "yes"}, "use_dora"),
         ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
         ({"bias": "all"}, "bias"),
         ({"lora_bias": True}, "lora_bias"),

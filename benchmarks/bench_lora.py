@@ -1,6 +1,8 @@
 """Multi-LoRA throughput: 64 requests over 32 distinct adapters vs the same requests on the base model
 vs peft's mixed-adapter batch (`generate(..., adapter_names=...)`); and the same requests over 32 DoRA
-adapters (peft refuses DoRA in a mixed-adapter batch, so it has no DoRA row).
+adapters (peft refuses DoRA in a mixed-adapter batch, so it has no DoRA row) and over 32 two-part mixes
+(`merged_adapters`, linear: adapters i and i + 2, which share a rank), made before the timed run as a
+cached mix is.
 
     python -m benchmarks.bench_lora            # writes its section of docs/benchmarks.md
     python -m benchmarks.bench_lora --quick    # smoke run, nothing written
@@ -36,18 +38,24 @@ from benchmarks.report import (
 from benchmarks.workloads import chat_workload, left_padded
 from loraserve import LLM, SamplingParams
 from loraserve.engine.chat import chat_prompt_ids
+from loraserve.lora.mix_spec import MixSpec
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import dtype_name
 
 SECTION = "multi-lora"
 
 
-def run_loraserve(loaded: LoadedModel, prompts, adapters, max_tokens: int, paths: list[Path]) -> float:
+def run_loraserve(
+    loaded: LoadedModel, prompts, adapters, max_tokens: int, paths: list[Path], mixes: dict[str, MixSpec] | None = None
+) -> float:
+    """Output tokens/s; `mixes`: names in `adapters` that stand for these mixes of the adapters in `paths`."""
     engine = engine_over(loaded, len(prompts), max_loras=len(paths))
     try:
         llm = LLM.from_engine(engine)
         for i, path in enumerate(paths):
             llm.add_adapter(f"adapter-{i}", path)
+        served_as = {name: engine.mix_adapters(spec) for name, spec in (mixes or {}).items()}
+        adapters = [served_as.get(name, name) for name in adapters]
         # Resident first, as peft's adapters are: loading them from disk is not what is measured.
         llm.generate(prompts, SamplingParams(max_tokens=1), adapters=adapters, use_tqdm=False)
         llm.reset_prefix_cache()  # the warm-up computed these prompts: the timed run computes them again
@@ -99,10 +107,15 @@ def main() -> None:
             peft_model.load_adapter(path, adapter_name=f"adapter-{i}")
         peft_model.eval()
         dora_paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp), dora=True)
-        samples: dict[str, list[float]] = {"lora": [], "dora": [], "base": [], "peft": []}
+        mixes = {
+            f"adapter-{i}": MixSpec(ids=(f"adapter-{i}", f"adapter-{(i + 2) % args.adapters}"), weights=(0.6, 0.4))
+            for i in range(args.adapters)
+        }
+        samples: dict[str, list[float]] = {"lora": [], "dora": [], "mix": [], "base": [], "peft": []}
         for _ in range(args.repeats):
             samples["lora"].append(run_loraserve(loaded, prompts, names, args.max_tokens, paths))
             samples["dora"].append(run_loraserve(loaded, prompts, names, args.max_tokens, dora_paths))
+            samples["mix"].append(run_loraserve(loaded, prompts, names, args.max_tokens, paths, mixes))
             samples["base"].append(run_loraserve(loaded, prompts, [None] * len(prompts), args.max_tokens, paths))
             samples["peft"].append(run_peft(peft_model, loaded.tokenizer, prompts, names, args.max_tokens))
             print({k: f"{v[-1]:.0f} tok/s" for k, v in samples.items()}, flush=True)
@@ -128,6 +141,8 @@ def main() -> None:
             f"{median['lora'] / median['base']:.2f} of base |",
             f"| loraserve, {args.adapters} DoRA adapters (same ranks and targets) | {median_spread(samples['dora'])} | "
             f"{median['dora'] / median['lora']:.2f} of LoRA |",
+            f"| loraserve, {args.adapters} two-part mixes (linear, cached) | {median_spread(samples['mix'])} | "
+            f"{median['mix'] / median['lora']:.2f} of LoRA |",
             f"| peft mixed-adapter batch | {median_spread(samples['peft'])} | loraserve is "
             f"{median['lora'] / median['peft']:.1f}x peft |",
         ]

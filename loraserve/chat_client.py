@@ -54,3 +54,16 @@ def chat(url: str, model: str | None, api_key: str | None, max_tokens: int, temp
                 pieces.append(piece)
             print()
             history.append({"role": "assistant", "content": "".join(pieces)})
+
+
+def ask_mix(url: str, token: str | None, merged: dict[str, object], prompt: str, max_tokens: int) -> Iterator[str]:
+    """One greedy reply of the mix `merged` (a merged_adapters object) over the base model, piece by piece."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600) as http:
+        try:
+            base = http.get("/v1/models").raise_for_status().json()["data"][0]["id"]
+        except httpx.HTTPError as error:
+            raise LoraserveError(f"cannot reach the server at {url}: {error}") from error
+        messages = [{"role": "user", "content": prompt}]
+        body = {"model": base, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        yield from stream_reply(http, {**body, "merged_adapters": merged})

@@ -11,6 +11,7 @@ from typing import Any, get_args, get_type_hints
 
 from loraserve.config import ENGINE_PARTS, EngineConfig, ServerConfig, default_data_dir, flag_of
 from loraserve.errors import LoraserveError
+from loraserve.lora.mix_spec import SIGN_METHODS, STRATEGIES
 
 env = os.environ.get
 
@@ -155,6 +156,14 @@ def _adapters(args: argparse.Namespace) -> None:
     elif args.action == "delete":
         client.delete(args.name)
         print(f"deleted {args.name}")
+    elif args.action == "mix":
+        from loraserve.chat_client import ask_mix
+
+        merged = {"ids": args.ids, "weights": args.weights, "merge_strategy": args.merge_strategy,
+                  "density": args.density, "majority_sign_method": args.majority_sign_method}  # fmt: skip
+        for piece in ask_mix(args.url, args.admin_token, merged, args.prompt, args.max_tokens):
+            print(piece, end="", flush=True)
+        print()
     else:
         record = client.upload(args.name, args.path, args.system_prompt, args.description)
         print(f"uploaded {record['name']}: rank {record['rank']}, {', '.join(record['target_modules'])}")
@@ -241,6 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     upload.add_argument("path", type=Path)
     upload.add_argument("--system-prompt", help="the persona: used when a chat request has no system message")
     upload.add_argument("--description")
+    mix = actions.add_parser("mix", help="ask a per-request mix of adapters (merged_adapters) one question, streamed")
+    mix.add_argument("ids", nargs="+", help="the adapters to mix")
+    mix.add_argument("--weights", type=float, nargs="+", required=True, help="one per adapter, negative subtracts")
+    mix.add_argument("--merge-strategy", choices=STRATEGIES, default="linear", help="as peft's add_weighted_adapter")
+    mix.add_argument("--density", type=float, default=1.0, help="ties, dare_*, magnitude_prune: the fraction kept")
+    mix.add_argument("--majority-sign-method", choices=SIGN_METHODS, default="total")
+    mix.add_argument("--prompt", required=True, help="the user message")
+    mix.add_argument("--max-tokens", type=int, default=128)
     actions.add_parser("list", help="every registered adapter")
     for action in ("show", "delete"):
         actions.add_parser(action, help=f"{action} one adapter").add_argument("name")

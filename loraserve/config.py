@@ -163,6 +163,10 @@ class LoraConfig(Settings):
     host_cache_bytes: int = setting(
         4 << 30, "adapters kept in CPU memory (least recently used leave first; default 4 GiB)", minimum=1
     )
+    max_mix_parts: int = setting(4, "adapters one request may mix (merged_adapters.ids)", minimum=1)
+    max_mixes: int = setting(
+        64, "mixes kept registered; beyond it the least recently asked-for idle ones are forgotten", minimum=1
+    )
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ class InvalidRequestError(FieldError):
 class UnknownAdapterError(InvalidRequestError):
     """A request named an adapter that is not loaded (404 on the wire)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__("adapter", f"no adapter named {name!r} is served")
+    def __init__(self, name: str, field: str = "adapter") -> None:
+        super().__init__(field, f"no adapter named {name!r} is served")
+        self.name = name
 
 
 class ModelLoadError(LoraserveError):

@@ -28,6 +28,7 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request
 from loraserve.errors import EngineDeadError
 from loraserve.lora.adapter import LoraAdapter
+from loraserve.lora.mix_spec import MixSpec
 from loraserve.models.dtypes import dtype_name
 from loraserve.openmp import keep_serial
 
@@ -57,6 +58,7 @@ class AsyncLLMEngine:
         self.precision = {"compute": dtype_name(engine.loaded.dtype), "weights": engine.loaded.weights}
         self.tokenizer: PreTrainedTokenizerBase = engine.tokenizer
         self.max_prompt_chars: int = engine.max_prompt_chars
+        self.max_mix_parts: int = engine.config.lora.max_mix_parts
         self.on_death = on_death  # called from the engine thread once the loop has stopped for good
         self._lock = threading.Lock()  # held for each step, add and abort
         self._has_work = threading.Event()
@@ -92,10 +94,17 @@ class AsyncLLMEngine:
 
     def served(self) -> list[object]:
         """`served_as` of every adapter not removed, in registration order."""
-        return [record.served_as for record in self.engine.adapters.records() if not record.draining]
+        records = self.engine.adapters.records()
+        return [r.served_as for r in records if not r.draining and r.source.mix is None]
 
     def describe_adapter(self, name: str, served_as: object) -> None:
         self.engine.adapters.describe(name, served_as)
+
+    async def mix_adapters(self, spec: MixSpec) -> str:
+        """The adapter name serving this mix; made off the engine's lock, registered between two steps."""
+        prepared = await self.offload(self.engine.mixes.prepare, spec)
+        await self.call(lambda engine: engine.mixes.serve(prepared))
+        return prepared.name
 
     def wait_resident(self, name: str) -> bool:
         return self.engine.adapters.wait_resident(name)

@@ -14,6 +14,7 @@ from loraserve.config import LATENCY_BUCKETS, EngineConfig
 from loraserve.engine.batch import ScheduledBatch
 from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.fair_share import UNKEYED, Tenant
+from loraserve.engine.mixes import Mixes
 from loraserve.engine.model_runner import GraphSettings, ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
 from loraserve.engine.sampling_params import SamplingParams
@@ -28,6 +29,7 @@ from loraserve.lora.adapter_sandbox import check_untrusted_adapter
 from loraserve.lora.adapter_state import AdapterSource, AdapterState
 from loraserve.lora.dora import with_dora_scales
 from loraserve.lora.manager import AdapterManager
+from loraserve.lora.mix_spec import MixSpec
 from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import largest_finite
@@ -50,7 +52,8 @@ class LLMEngine:
         )
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.max_prompt_chars = self.max_model_len * max(map(len, self.tokenizer.get_vocab()))
-        self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_adapter, config.lora.host_cache_bytes)
+        self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_source, config.lora.host_cache_bytes)
+        self.mixes = Mixes(self.adapters, config.lora)
         self.block_manager = BlockManager(
             self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching,
             reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV
@@ -78,6 +81,20 @@ class LLMEngine:
         adapter = read_adapter(path, spec, max_rank, base_names, max_value, config)
         return with_dora_scales(adapter, self.loaded.model)  # from the weights only: once, here
 
+    def read_source(self, source: AdapterSource) -> LoraAdapter:
+        """A registered adapter's weights: its directory read, or a mix made from its parts."""
+        if source.mix is not None:
+            return self.mixes.read(source)
+        assert source.path is not None
+        return self.read_adapter(source.path)
+
+    def mix_adapters(self, spec: MixSpec) -> str:
+        """The adapter name a mix is served under, made and registered on its first request (merge.py);
+        InvalidRequestError (400) or UnknownAdapterError (404) name the merged_adapters field at fault."""
+        prepared = self.mixes.prepare(spec)
+        self.mixes.serve(prepared)
+        return prepared.name
+
     def add_adapter(self, name: str, path: str | Path) -> LoraAdapter:
         """Read, validate and serve the PEFT adapter in `path` under `name` (a slot at its first request);
         nothing changes on error."""
@@ -97,11 +114,12 @@ class LLMEngine:
     def remove_adapter(self, name: str) -> None:
         """Stop accepting requests for the adapter; the ones already queued or running finish with it."""
         self.adapters.drain(name)
+        self.mixes.retire_mixing(name)
         self._forget_retired_adapters()
 
     @property
     def adapter_names(self) -> list[str]:
-        return [record.name for record in self.adapters.records() if not record.draining]
+        return [r.name for r in self.adapters.records() if not r.draining and r.source.mix is None]
 
     def tokenize(self, text: str) -> list[int]:
         """`tokenizer(text)`'s ids; a text that no tokenization fits in the context window is refused first:

@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraserve.lora.mix_spec import MixSpec
 from loraserve.lora.residency import NO_ADAPTER
 
 
@@ -49,8 +50,10 @@ class IllegalTransitionError(RuntimeError):
 
 @dataclass(frozen=True)
 class AdapterSource:
-    path: Path  # a PEFT directory
-    sha256: str | None  # the content hash the files must have; None: not checked
+    path: Path | None  # a PEFT directory; None for a mix
+    sha256: str | None  # the content hash the files (or a mix's spec and parts) must have; None: not checked
+    mix: MixSpec | None = None  # a mix of `parts` (merge.py), materialised from them whenever it is read
+    parts: tuple[tuple[str, AdapterSource], ...] = ()  # (name, source) of each adapter a mix mixes
 
 
 @dataclass

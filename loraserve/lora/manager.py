@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from loraserve.config import LATENCY_BUCKETS
 from loraserve.errors import AdapterError, AdapterRetiringError, UnknownAdapterError
@@ -54,7 +53,7 @@ class AdapterManager:
     def __init__(
         self,
         slots: AdapterSlots,
-        read: Callable[[Path], LoraAdapter],
+        read: Callable[[AdapterSource], LoraAdapter],
         host_cache_bytes: int = 4 << 30,
     ) -> None:
         self.slots = slots
@@ -318,7 +317,7 @@ class AdapterManager:
             adapter = self.host.get(record.name)
         if adapter is None:
             try:
-                adapter = self._read_checked(record.source)
+                adapter = self.read_checked(record.source)
             except (AdapterError, OSError) as error:
                 with self._lock:
                     self._fail(record, str(error))
@@ -352,8 +351,15 @@ class AdapterManager:
             self.stats.load_seconds_total += seconds
             self.stats.load_counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
 
-    def _read_checked(self, source: AdapterSource) -> LoraAdapter:
-        adapter = self._read(source.path)
+    def host_copy(self, name: str, sha256: str | None) -> LoraAdapter | None:
+        """The adapter from the host cache, if it holds these contents (the part of a mix being made)."""
+        with self._lock:
+            adapter = self.host.get(name)
+        return adapter if adapter is not None and sha256 in (None, adapter.sha256) else None
+
+    def read_checked(self, source: AdapterSource) -> LoraAdapter:
+        """Read from the source; AdapterError when its contents are not the ones registered."""
+        adapter = self._read(source)
         if source.sha256 is not None and adapter.sha256 != source.sha256:
             raise AdapterError("sha256", f"stored files changed on disk: {adapter.sha256}, expected {source.sha256}")
         return adapter

@@ -19,7 +19,10 @@ from loraserve.errors import (
     OverloadedError,
     RequestFailedError,
     RequestTimeoutError,
+    UnknownAdapterError,
 )
+from loraserve.lora.mix_spec import FIELD as MIX_FIELD
+from loraserve.lora.mix_spec import MixSpec
 from loraserve.registry import AdapterInfo
 from loraserve.server.auth import grant_of
 from loraserve.server.state import ServerState, server_state
@@ -34,6 +37,41 @@ def json_or_events(model: Any) -> dict[int | str, dict[str, Any]]:
 def resolve_adapter(state: ServerState, name: str | None) -> AdapterInfo | None:
     """The adapter a request names (None: the base model); UnknownAdapterError (404) when none is ready."""
     return None if not name or name == state.model_name else state.catalog.get(name)
+
+
+MIX_LABEL = "merged_adapters"  # a mix's name in metrics: one series for every mix, not one per spec
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request runs with: a registered adapter, a mix of registered adapters, or (neither) the base model."""
+
+    adapter: AdapterInfo | None = None
+    mix: str | None = None  # the engine's name for the mix (engine/mixes.py)
+    parts: tuple[AdapterInfo, ...] = ()  # the mix's
+
+    @property
+    def engine_adapter(self) -> str | None:
+        return self.mix or (self.adapter.name if self.adapter else None)
+
+
+async def resolve_target(state: ServerState, name: str | None, merged: object, field: str) -> Target:
+    """The adapter `name` (None or the base model's id: none), or the mix `merged` (a merged_adapters object,
+    the request's `field`) made of ready adapters; errors name the field at fault."""
+    if merged is None:
+        return Target(resolve_adapter(state, name))
+    if name and name != state.model_name:
+        raise InvalidRequestError(field, f"mixes adapters over the base model: name {state.model_name!r}, not {name!r}")
+    try:
+        spec = MixSpec.parse(merged, state.engine.max_mix_parts)
+        parts = tuple(state.catalog.get(part) for part in spec.ids)
+        return Target(mix=await state.engine.mix_adapters(spec), parts=parts)
+    except UnknownAdapterError as error:
+        raise UnknownAdapterError(error.name, field=f"{field}.ids") from None
+    except InvalidRequestError as error:
+        if error.field.startswith(MIX_FIELD):  # merge.py names its own fields: say where this route has them
+            raise InvalidRequestError(field + error.field.removeprefix(MIX_FIELD), error.message) from None
+        raise
 
 
 @contextmanager
@@ -78,20 +116,21 @@ async def generate(
     request_id: str,
     prompt: str | list[int],
     params: SamplingParams,
-    adapter_info: AdapterInfo | None,
+    target: Target,
     scheduling: Scheduling,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's stream for one request, aborted when the client goes away; counted when finished. Refused first if
     the key may not use the model (403) or its quota is spent (429); the quota is charged its tokens however it ends."""
     state = server_state(http)
-    adapter = adapter_info.name if adapter_info else None
+    adapter = target.engine_adapter
     grant, tenant = scheduling.grant, scheduling.grant.tenant
-    state.tenants.admit(grant, adapter or state.model_name)
+    for model in [part.name for part in target.parts] or [adapter or state.model_name]:
+        state.tenants.admit(grant, model)  # a mix needs the key's leave for every part
     stream = state.engine.generate(request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, tenant)
     last: RequestOutput | None = None
     try:
         # Closing the engine's stream (leaving this block) aborts the request and frees its blocks.
-        async with aclosing(stream), aclosing(_checked(state, adapter, tenant.name, stream)) as outputs:
+        async with aclosing(stream), aclosing(_checked(state, target, tenant.name, stream)) as outputs:
             async for last in outputs:
                 yield last
                 if not last.finished and await http.is_disconnected():
@@ -106,16 +145,20 @@ def _num_generated(output: RequestOutput) -> int:
 
 
 async def _checked(
-    state: ServerState, adapter: str | None, tenant: str, outputs: AsyncIterator[RequestOutput]
+    state: ServerState, target: Target, tenant: str, outputs: AsyncIterator[RequestOutput]
 ) -> AsyncGenerator[RequestOutput, None]:
-    """The engine's outputs, its errors raised as the wire's, each finished request counted."""
+    """The engine's outputs, its errors raised as the wire's, each finished request counted (a mix's usage under
+    MIX_LABEL in the metrics, and under no adapter of the registry)."""
+    adapter = target.adapter.name if target.adapter else None
     async for output in outputs:
         if output.finished:
-            state.metrics.record_request(adapter or state.model_name, output, tenant)
+            state.metrics.record_request(MIX_LABEL if target.mix else adapter or state.model_name, output, tenant)
         if output.error is not None:
-            if output.error.code == ADAPTER_UNAVAILABLE and adapter is not None:
-                await state.catalog.mark_failed(adapter, output.error.message)
-                raise AdapterUnavailableError(f"adapter {adapter!r} cannot be loaded: {output.error.message}")
+            if output.error.code == ADAPTER_UNAVAILABLE and target.engine_adapter is not None:
+                if adapter is not None:
+                    await state.catalog.mark_failed(adapter, output.error.message)
+                name = adapter or MIX_LABEL
+                raise AdapterUnavailableError(f"adapter {name!r} cannot be loaded: {output.error.message}")
             if output.error.code == OVERLOADED:
                 raise OverloadedError(output.error.message, retry_after=output.error.retry_after or 1.0)
             if output.error.code == TIMED_OUT:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
 from loraserve.errors import InvalidRequestError, LoraserveError
-from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_adapter
+from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_target
 from loraserve.server.responses import (
     AlternativeToken,
     GenerateDetails,
@@ -39,7 +39,7 @@ class GenerateParameters(BaseModel):
     adapter_id: str | None = None
     adapter_source: str | None = None  # every adapter comes from the registry, whatever the source says
     api_token: str | None = None
-    merged_adapters: dict[str, Any] | None = None
+    merged_adapters: Any = None  # checked by merge.MixSpec.parse, which names the sub-field at fault
     do_sample: bool = False
     max_new_tokens: int | None = None
     ignore_eos_token: bool = False
@@ -62,7 +62,6 @@ class GenerateParameters(BaseModel):
     def sampling_params(self) -> SamplingParams:
         """TGI semantics: greedy unless do_sample or a sampling knob is set."""
         for field, unsupported in (
-            ("merged_adapters", self.merged_adapters is not None),
             ("typical_p", self.typical_p is not None),
             ("best_of", (self.best_of or 1) > 1),
             ("watermark", self.watermark),
@@ -126,13 +125,14 @@ async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator
     parameters = body.parameters
     with fields_named(_FIELD_NAMES):
         params = parameters.sampling_params()
-        adapter = resolve_adapter(state, parameters.adapter_id)
+        mix = parameters.merged_adapters
+        target = await resolve_target(state, parameters.adapter_id, mix, "parameters.merged_adapters")
         prompt: str | list[int] = body.inputs
         if parameters.truncate is not None:
             if parameters.truncate < 1:
                 raise InvalidRequestError("parameters.truncate", f"must be at least 1, got {parameters.truncate}")
             prompt = (await state.engine.offload(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
-        outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, adapter, Scheduling.of(request))
+        outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, target, Scheduling.of(request))
         # Awaited here so a refused request is a plain error, not a broken stream.
         return outputs, await anext(outputs)
 

@@ -24,10 +24,9 @@ from pydantic import BaseModel
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundError, UnknownAdapterError
-from loraserve.registry import AdapterInfo
 from loraserve.server.auth import grant_of
 from loraserve.server.errors import stream_error_event
-from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_adapter
+from loraserve.server.generation import Scheduling, Target, fields_named, generate, json_or_events, resolve_target
 from loraserve.server.responses import CompletionChunk, CompletionChunkChoice
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
 from loraserve.server.state import ServerState, server_state
@@ -54,15 +53,14 @@ async def list_models(request: Request) -> ModelList:
 @router.post("/v1/completions", response_model=None, responses=json_or_events(Completion))
 async def create_completion(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
-    adapter = _adapter_of(state, body)
     params = body.sampling_params(body.max_tokens, body.logprobs)
-    return await _respond(request, body, body.prompt, params, adapter, _CompletionFormat(state, body.model))
+    target = await _target_of(state, body)
+    return await _respond(request, body, body.prompt, params, target, _CompletionFormat(state, body.model))
 
 
 @router.post("/v1/chat/completions", response_model=None, responses=json_or_events(ChatCompletion))
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     state = server_state(request)
-    adapter = _adapter_of(state, body)
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs", "needs logprobs: true (as in OpenAI's API)")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -73,19 +71,23 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         if sum(len(message.content) for message in body.messages) > state.engine.max_prompt_chars:
             raise InvalidRequestError("messages", "hold more text than the context window can take in any tokenization")
         conversation = [message.model_dump() for message in body.messages]
-        persona = adapter.system_prompt if adapter is not None else None
+        target = await _target_of(state, body)
+        persona = target.adapter.system_prompt if target.adapter is not None else None
         if persona and not any(message["role"] in ("system", "developer") for message in conversation):
             conversation.insert(0, {"role": "system", "content": persona})
         prompt = await state.engine.offload(chat_prompt_ids, state.tokenizer, conversation)
-        return await _respond(request, body, prompt, params, adapter, _ChatFormat(state, body.model))
+        return await _respond(request, body, prompt, params, target, _ChatFormat(state, body.model))
 
 
-def _adapter_of(state: ServerState, body: SamplingFields) -> AdapterInfo | None:
-    """`adapter_id` when given, else `model`: an adapter's name, or the base model's id for none."""
+async def _target_of(state: ServerState, body: SamplingFields) -> Target:
+    """`adapter_id` when given, else `model`: an adapter's name, or the base model's id for none; or with
+    `merged_adapters` (`model` the base model's id) the mix of adapters it names."""
     name = body.adapter_id or body.model
     try:
-        return resolve_adapter(state, name)
-    except UnknownAdapterError:
+        return await resolve_target(state, name, body.merged_adapters, "merged_adapters")
+    except UnknownAdapterError as error:
+        if error.field != "adapter":
+            raise
         raise ModelNotFoundError(f"model {name!r} does not exist; GET /v1/models lists what is served") from None
 
 
@@ -94,12 +96,12 @@ async def _respond(
     body: SamplingFields,
     prompt: str | list[int],
     params: SamplingParams,
-    adapter: AdapterInfo | None,
+    target: Target,
     fmt: _Format,
 ) -> JSONResponse | StreamingResponse:
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
     scheduling = Scheduling.of(request, body.priority, body.timeout)
-    outputs = generate(request, request_id, prompt, params, adapter, scheduling)
+    outputs = generate(request, request_id, prompt, params, target, scheduling)
     # The first output is awaited here so a refused request is a plain error, not a broken stream.
     first = await anext(outputs)
     if body.stream:

@@ -25,6 +25,7 @@ class SamplingFields(BaseModel):
     priority: Any = 0  # vLLM's extension: lower first (checked by Scheduling.of, which names it)
     timeout: Any = None  # seconds the request may wait for its start, else 504
     adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
+    merged_adapters: Any = None  # LoRAX's mix of adapters, as an extension (checked by merge.MixSpec.parse)
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0

@@ -52,7 +52,8 @@ def tiny_adapter_manager(
 ) -> AdapterManager:
     """A manager over a real memory pool of the tiny shape (its page allocator also serves KV)."""
     pool = MemoryPool(TINY_SPEC, TINY_BLOCK_SIZE, num_pages, torch.float32, "cpu")
-    return AdapterManager(AdapterSlots(TINY_SPEC, num_slots, max_rank, pool), read, host_cache_bytes)
+    slots = AdapterSlots(TINY_SPEC, num_slots, max_rank, pool)
+    return AdapterManager(slots, lambda source: read(source.path), host_cache_bytes)
 
 
 def register_tiny(manager: AdapterManager, name: str, seed: int) -> None:

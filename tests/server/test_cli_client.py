@@ -27,9 +27,10 @@ def test_upload_list_show_chat_delete(server, capsys, monkeypatch, tmp_path):
     archive = shutil.make_archive(str(tmp_path / "robot"), "gztar", SAMPLES / "robot")
     out = run_cli(capsys, "adapters", "upload", "cli-robot", archive, "--description", "beeps", *admin)
     assert out.startswith("uploaded cli-robot: rank 8, q_proj, k_proj, v_proj, o_proj")
+    run_cli(capsys, "adapters", "upload", "cli-robot-2", str(SAMPLES / "pirate"), *admin)
     listing = run_cli(capsys, "adapters", "list", *admin)
     assert listing.splitlines()[0].split()[:2] == ["NAME", "STATUS"]
-    assert "cli-robot  ready" in listing and "beeps" in listing
+    assert "cli-robot    ready" in listing and "beeps" in listing
     shown = json.loads(run_cli(capsys, "adapters", "show", "cli-robot", *admin))
     assert shown["name"] == "cli-robot" and shown["description"] == "beeps"
 
@@ -38,6 +39,12 @@ def test_upload_list_show_chat_delete(server, capsys, monkeypatch, tmp_path):
     assert chat.startswith("chatting with cli-robot")
     reply = chat.split("cli-robot> ", 1)[1]
     assert reply.strip(), "a streamed answer was printed"
+
+    mixed = run_cli(capsys, "adapters", "mix", "cli-robot", "cli-robot-2", "--weights", "0.6", "0.4",
+                    "--prompt", "Hello there", "--max-tokens", "8", *admin)  # fmt: skip
+    assert "404" not in mixed and mixed.strip(), "the mix's reply was printed"
+    with pytest.raises(SystemExit, match="400: merged_adapters.weights"):
+        main(["adapters", "mix", "cli-robot", "--weights", "1", "2", "--prompt", "Hi", *admin])
 
     assert run_cli(capsys, "adapters", "delete", "cli-robot", *admin).strip() == "deleted cli-robot"
     with pytest.raises(SystemExit, match="404: no adapter named 'cli-robot'"):

@@ -83,6 +83,13 @@ class AdapterNotFoundError(LoraserveError, LookupError):
         super().__init__(f"no adapter named {name!r} is registered")
 
 
+class VersionNotFoundError(LoraserveError, LookupError):
+    """An adapter never had weights of that content hash (404 on the wire)."""
+
+    def __init__(self, name: str, sha256: str) -> None:
+        super().__init__(f"adapter {name!r} has no version with sha256 {sha256!r}")
+
+
 class AdapterUnavailableError(LoraserveError):
     """A registered adapter could not be loaded when a request needed it (503 on the wire)."""
 

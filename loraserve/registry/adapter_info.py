@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from datetime import datetime
 
-from loraserve.registry.models import AdapterRow, AdapterStatus
+from loraserve.registry.models import AdapterRow, AdapterStatus, AdapterVersionRow
 
 
 @dataclass(frozen=True)
@@ -36,3 +36,25 @@ class AdapterInfo:
         columns = {field.name: getattr(row, field.name) for field in fields(cls)}
         modules = tuple(module for module in row.target_modules.split(",") if module)
         return cls(**{**columns, "target_modules": modules, "status": AdapterStatus(row.status)})
+
+
+@dataclass(frozen=True)
+class AdapterVersion:
+    """One set of weights an adapter has had (registry.versions)."""
+
+    sha256: str
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    size_bytes: int
+    created_at: datetime  # UTC: when it was uploaded
+    uploaded_by: str | None  # the admin token's id; None for versions from before they were recorded
+    current: bool  # the weights the name serves now
+
+    @classmethod
+    def of(cls, row: AdapterVersionRow, current_sha256: str) -> AdapterVersion:
+        modules = tuple(module for module in row.target_modules.split(",") if module)
+        return cls(
+            row.sha256, row.rank, row.alpha, modules, row.size_bytes, row.created_at, row.uploaded_by,
+            row.sha256 == current_sha256,
+        )  # fmt: skip

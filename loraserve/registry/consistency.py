@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ConsistencyReport:
-    orphans: list[str] = field(default_factory=list)  # stored directories (sha256) no adapter names
+    orphans: list[str] = field(default_factory=list)  # stored directories (sha256) no adapter or version names
     removed: list[str] = field(default_factory=list)  # of those, removed by the repair
     failed: dict[str, str] = field(default_factory=dict)  # adapter -> why its files cannot be served
     adapters: list[AdapterInfo] = field(default_factory=list)  # every adapter, after the check
@@ -44,7 +44,7 @@ class ConsistencyReport:
 def check_registry(registry: Registry, repair: bool, min_orphan_age: float = 0.0) -> ConsistencyReport:
     """Compare rows and stored files; with `repair`, remove orphans older than `min_orphan_age` seconds."""
     adapters = registry.verify_all()  # marks adapters whose files are missing or changed failed
-    named = {info.sha256 for info in adapters}
+    named = registry.stored_hashes()  # every version's files too: a rollback needs them
     orphans = [sha256 for sha256 in registry.store.stored() if sha256 not in named]
     failed = {a.name: a.status_reason for a in adapters if a.status is AdapterStatus.FAILED and a.status_reason}
     report = ConsistencyReport(orphans=orphans, failed=failed, adapters=adapters)

@@ -1,5 +1,6 @@
-"""The registry's tables: `adapters` (uploads, their names, how much each served), `adapter_files` (their bytes, where
-servers share no disk) and `api_keys` (tenants' key hashes).
+"""The registry's tables: `adapters` (uploads, their names, how much each served), `adapter_versions` (every upload of
+each name's weights: the current one is the adapter's `sha256`), `adapter_files` (their bytes, where servers share no
+disk) and `api_keys` (tenants' key hashes).
 
 The schema changes only through Alembic (migrations/); a test checks that these models and the migrations agree.
 """
@@ -17,11 +18,13 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     Float,
+    ForeignKey,
     Integer,
     LargeBinary,
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
     false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -82,6 +85,24 @@ class AdapterRow(Base):
     prompt_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     completion_token_count: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # kept in a slot everywhere
+
+
+class AdapterVersionRow(Base):
+    """One set of weights an adapter's name has had: its first upload, each replacement, in order; a rollback makes an
+    older one current again. Their files stay in the store while any version names them."""
+
+    __tablename__ = "adapter_versions"
+    __table_args__ = (UniqueConstraint("adapter_id", "sha256", name="uq_adapter_versions_content"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    adapter_id: Mapped[int] = mapped_column(ForeignKey("adapters.id", ondelete="CASCADE"), index=True)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    alpha: Mapped[float] = mapped_column(Float)
+    target_modules: Mapped[str] = mapped_column(String(256))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utc_now)
+    uploaded_by: Mapped[str | None] = mapped_column(String(64))  # the admin token's id; NULL: before versions were kept
 
 
 class AdapterFilesRow(Base):

@@ -29,14 +29,14 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraserve.crash_points import crash_point
-from loraserve.errors import AdapterExistsError, AdapterNotFoundError, RegistryError
-from loraserve.registry.adapter_info import AdapterInfo
+from loraserve.errors import AdapterExistsError, AdapterNotFoundError, RegistryError, VersionNotFoundError
+from loraserve.registry.adapter_info import AdapterInfo, AdapterVersion
 from loraserve.registry.adapter_name import validate_adapter_name
 from loraserve.registry.api_keys import ApiKeys
 from loraserve.registry.change_feed import announce, listen
 from loraserve.registry.database import check_database, create_registry_engine, driver_message, masked_url
 from loraserve.registry.file_store import FILES, FileStore
-from loraserve.registry.models import AdapterFilesRow, AdapterRow, AdapterStatus, utc_now
+from loraserve.registry.models import AdapterFilesRow, AdapterRow, AdapterStatus, AdapterVersionRow, utc_now
 
 if TYPE_CHECKING:
     from loraserve.lora.adapter import LoraAdapter
@@ -103,8 +103,10 @@ class Registry:
         base_model: str,
         system_prompt: str | None = None,
         description: str | None = None,
+        uploaded_by: str | None = None,
     ) -> AdapterInfo:
-        """Register the validated adapter read from `source_dir` under `name`; on failure nothing is kept."""
+        """Register the validated adapter read from `source_dir` under `name`, its first version uploaded by
+        `uploaded_by` (an admin token's id); on failure nothing is kept."""
         validate_adapter_name(name)
         if self.get(name) is not None:
             raise AdapterExistsError(name)
@@ -119,18 +121,52 @@ class Registry:
             system_prompt=system_prompt,
             description=description,
         )  # status, timestamps and counters take the column defaults, filled in on insert
-        with self._files_lock:
-            # Under the lock, files present before `put` belong to other rows (or to none yet).
-            had_files = self.store.path_of(adapter.sha256).is_dir()
-            self.store.put(source_dir, adapter.sha256)
-            try:
-                self._insert(row, self.store.path_of(adapter.sha256) if self.files_in_database else None)
-                crash_point("registry.inserted")
-            except BaseException:
-                if not had_files:
-                    self.store.remove(adapter.sha256)
-                raise
+        with self._stored(source_dir, adapter.sha256):
+            self._insert(row, self.store.path_of(adapter.sha256) if self.files_in_database else None, uploaded_by)
+            crash_point("registry.inserted")
         return AdapterInfo.of(row)
+
+    def replace(self, name: str, source_dir: Path, adapter: LoraAdapter, uploaded_by: str | None = None) -> AdapterInfo:
+        """New weights under an existing name: a new version (or an older one with the same content again) becomes
+        current; the others stay for a rollback. On failure nothing changes."""
+        with self._stored(source_dir, adapter.sha256), self._session(f"replace adapter {name!r}") as session:
+            row = self._row(session, name)
+            self._add_files(session, adapter.sha256)
+            version = self._version(session, row.id, adapter.sha256)
+            if version is None:
+                version = AdapterVersionRow(
+                    adapter_id=row.id, sha256=adapter.sha256, rank=adapter.rank, alpha=adapter.alpha,
+                    target_modules=",".join(adapter.target_modules), size_bytes=adapter.num_bytes,
+                    uploaded_by=uploaded_by,
+                )  # fmt: skip
+                session.add(version)
+                session.flush()
+            return self._make_current(session, row, version)
+
+    def versions(self, name: str) -> builtins.list[AdapterVersion]:
+        """Every version of the adapter, oldest first; raises AdapterNotFoundError."""
+        with self._session(f"read the versions of adapter {name!r}") as session:
+            row = self._row(session, name, lock=False)
+            query = select(AdapterVersionRow).where(AdapterVersionRow.adapter_id == row.id)
+            rows = session.scalars(query.order_by(AdapterVersionRow.created_at, AdapterVersionRow.id))
+            return [AdapterVersion.of(version, row.sha256) for version in rows]
+
+    def rollback(self, name: str, sha256: str) -> AdapterInfo:
+        """Make the version with content `sha256` current again; AdapterNotFoundError for an unknown adapter,
+        VersionNotFoundError for a content it never had."""
+        with self._session(f"roll adapter {name!r} back") as session:
+            row = self._row(session, name)
+            version = self._version(session, row.id, sha256)
+            if version is None:
+                raise VersionNotFoundError(name, sha256)
+            return self._make_current(session, row, version)
+
+    def stored_hashes(self) -> set[str]:
+        """The content hashes some adapter or version names: the stored files that must stay."""
+        with self._session("list the stored contents") as session:
+            return set(session.scalars(select(AdapterRow.sha256))) | set(
+                session.scalars(select(AdapterVersionRow.sha256))
+            )
 
     def list(self) -> builtins.list[AdapterInfo]:
         """Every adapter, ordered by name."""
@@ -167,27 +203,40 @@ class Registry:
         return self._change(name, pinned=pinned)
 
     def delete(self, name: str) -> AdapterInfo:
-        """Unregister the adapter; its files go too unless another adapter has the same content."""
+        """Unregister the adapter and its versions; their files go too unless another adapter uses the same content."""
         with self._files_lock:
             with self._session(f"delete adapter {name!r}") as session:
                 row = self._row(session, name)
                 info = AdapterInfo.of(row)
+                query = select(AdapterVersionRow).where(AdapterVersionRow.adapter_id == row.id)
+                versions = list(session.scalars(query))
+                contents = {info.sha256} | {version.sha256 for version in versions}
+                for version in versions:
+                    session.delete(version)
                 session.delete(row)
                 announce(session, name)
                 session.flush()
-                num_users = session.scalar(select(func.count()).where(AdapterRow.sha256 == info.sha256))
-                if not num_users and (files := session.get(AdapterFilesRow, info.sha256)) is not None:
-                    session.delete(files)
+                unused = [sha256 for sha256 in sorted(contents) if not self._num_users(session, sha256)]
+                for sha256 in unused:
+                    if (files := session.get(AdapterFilesRow, sha256)) is not None:
+                        session.delete(files)
                 session.commit()
-            if not num_users:
-                self._remove_files(info.sha256)
+            for sha256 in unused:
+                self._remove_files(sha256)
         return info
 
     def remove_unused_files(self, sha256: str) -> None:
-        """Remove this server's copy of `sha256`'s files if no adapter names them (another server deleted the last)."""
+        """Remove this server's copy of `sha256`'s files if no adapter or version names them (another server
+        deleted the last)."""
         with self._files_lock, self._session(f"count the adapters of {sha256}") as session:
-            if not session.scalar(select(func.count()).where(AdapterRow.sha256 == sha256)):
+            if not self._num_users(session, sha256):
                 self._remove_files(sha256)
+
+    @staticmethod
+    def _num_users(session: Session, sha256: str) -> int:
+        adapters = session.scalar(select(func.count()).where(AdapterRow.sha256 == sha256)) or 0
+        versions = session.scalar(select(func.count()).where(AdapterVersionRow.sha256 == sha256)) or 0
+        return adapters + versions
 
     def _remove_files(self, sha256: str) -> None:
         try:
@@ -251,15 +300,58 @@ class Registry:
             shutil.rmtree(fetched, ignore_errors=True)
         return None
 
-    def _insert(self, row: AdapterRow, files: Path | None) -> None:
-        """Add the row (and, given the stored directory `files`, its content's bytes unless the database has them)."""
+    @contextlib.contextmanager
+    def _stored(self, source_dir: Path, sha256: str) -> Iterator[None]:
+        """The files in the store for the block's database change; removed again if it fails and they were new."""
+        with self._files_lock:
+            # Under the lock, files present before `put` belong to other rows (or to none yet).
+            had_files = self.store.path_of(sha256).is_dir()
+            self.store.put(source_dir, sha256)
+            try:
+                yield
+            except BaseException:
+                if not had_files:
+                    self.store.remove(sha256)
+                raise
+
+    def _add_files(self, session: Session, sha256: str) -> None:
+        """With `files_in_database`: the content's bytes, unless the database has them."""
+        if self.files_in_database and session.get(AdapterFilesRow, sha256) is None:
+            files = self.store.path_of(sha256)
+            contents = [(files / name).read_bytes() for name in FILES]
+            session.add(AdapterFilesRow(sha256=sha256, config=contents[0], weights=contents[1]))
+
+    @staticmethod
+    def _version(session: Session, adapter_id: int, sha256: str) -> AdapterVersionRow | None:
+        query = select(AdapterVersionRow).where(
+            AdapterVersionRow.adapter_id == adapter_id, AdapterVersionRow.sha256 == sha256
+        )
+        return session.scalar(query)
+
+    @staticmethod
+    def _make_current(session: Session, row: AdapterRow, version: AdapterVersionRow) -> AdapterInfo:
+        for column in ("sha256", "rank", "alpha", "target_modules", "size_bytes"):
+            setattr(row, column, getattr(version, column))
+        row.status, row.status_reason, row.updated_at = AdapterStatus.READY.value, None, utc_now()
+        announce(session, row.name)
+        session.commit()
+        return AdapterInfo.of(row)
+
+    def _insert(self, row: AdapterRow, files: Path | None, uploaded_by: str | None) -> None:
+        """Add the row and its first version (and, given the stored directory `files`, its content's bytes unless
+        the database has them)."""
         with self._session(f"register adapter {row.name!r}") as session:
-            if files is not None and session.get(AdapterFilesRow, row.sha256) is None:
-                contents = [(files / name).read_bytes() for name in FILES]
-                session.add(AdapterFilesRow(sha256=row.sha256, config=contents[0], weights=contents[1]))
+            if files is not None:
+                self._add_files(session, row.sha256)
             session.add(row)
             try:
-                announce(session, row.name)  # flushes the inserts: a taken name raises here
+                announce(session, row.name)
+                session.flush()  # the row's id for its version; a taken name raises here
+                session.add(AdapterVersionRow(
+                    adapter_id=row.id, sha256=row.sha256, rank=row.rank, alpha=row.alpha,
+                    target_modules=row.target_modules, size_bytes=row.size_bytes, created_at=row.created_at,
+                    uploaded_by=uploaded_by,
+                ))  # fmt: skip
                 session.commit()
             except IntegrityError as error:
                 session.rollback()
@@ -267,7 +359,7 @@ class Registry:
                     raise AdapterExistsError(row.name) from error
                 if files is None:
                     raise
-                self._insert(AdapterRow(**_columns(row)), None)  # another server stored these bytes meanwhile
+                self._insert(AdapterRow(**_columns(row)), None, uploaded_by)  # another server stored these bytes
 
     def _change(self, name: str, **values: object) -> AdapterInfo:
         with self._session(f"update adapter {name!r}") as session:
@@ -280,8 +372,9 @@ class Registry:
             return AdapterInfo.of(row)
 
     @staticmethod
-    def _row(session: Session, name: str) -> AdapterRow:
-        row = session.scalar(select(AdapterRow).where(AdapterRow.name == name).with_for_update())
+    def _row(session: Session, name: str, lock: bool = True) -> AdapterRow:
+        query = select(AdapterRow).where(AdapterRow.name == name)
+        row = session.scalar(query.with_for_update() if lock else query)
         if row is None:
             raise AdapterNotFoundError(name)
         return row

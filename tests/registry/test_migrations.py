@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,37 @@ def test_unreachable_server_names_the_url_without_its_password() -> None:
 def test_bad_url_is_refused(url: str) -> None:
     with pytest.raises(RegistryError, match="--db"):
         upgrade_database(url)
+
+
+def test_versions_migration_gives_each_existing_adapter_its_current_weights_as_first_version(
+    database_url: str, tmp_path: Path
+) -> None:
+    upgrade_database(database_url)
+    downgrade_database(database_url, "0003")  # today's schema before versions, with adapters in it
+    engine = create_registry_engine(database_url)
+    rows = [("pirate", "a" * 64, 8), ("robot", "b" * 64, 16)]
+    with engine.begin() as connection:
+        for name, sha256, rank in rows:
+            connection.execute(
+                text(
+                    "INSERT INTO adapters (name, base_model, rank, alpha, target_modules, size_bytes, sha256, status,"
+                    " created_at, updated_at, request_count, prompt_token_count, completion_token_count, pinned)"
+                    " VALUES (:name, 'smol', :rank, 16.0, 'q_proj,v_proj', 1024, :sha256, 'ready', :now, :now,"
+                    " 3, 4, 5, false)"
+                ),
+                {"name": name, "sha256": sha256, "rank": rank, "now": datetime(2026, 11, 1, tzinfo=UTC)},
+            )
+    engine.dispose()
+    upgrade_database(database_url)
+    registry = Registry(database_url, FileStore(tmp_path / "store"))
+    try:
+        for name, sha256, rank in rows:
+            (version,) = registry.versions(name)
+            assert (version.sha256, version.rank, version.target_modules) == (sha256, rank, ("q_proj", "v_proj"))
+            assert version.current and version.uploaded_by is None
+            assert version.created_at == datetime(2026, 11, 1, tzinfo=UTC)
+            assert registry.get(name).request_count == 3  # the adapter's own row is untouched
+    finally:
+        registry.close()
+    downgrade_database(database_url, "0003")
+    assert "adapter_versions" not in _tables(database_url) and "adapters" in _tables(database_url)

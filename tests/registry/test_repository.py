@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from loraserve.errors import AdapterError, AdapterExistsError, RegistryError
+from loraserve.errors import AdapterError, AdapterExistsError, RegistryError, VersionNotFoundError
 from loraserve.lora.adapter import WEIGHTS_FILE, LoraAdapter
 from loraserve.registry import AdapterInfo, AdapterNotFoundError, AdapterStatus, FileStore, Registry, Usage
 from tests.registry.conftest import MakeAdapter
@@ -183,3 +183,58 @@ def test_verify_all_marks_tampered_adapters_failed(registry: Registry, make_adap
     assert "changed on disk" in (by_name["bad"].status_reason or "")
     ready = registry.mark_ready("bad")
     assert (ready.status, ready.status_reason) == (AdapterStatus.READY, None)
+
+
+def test_replace_keeps_every_version_and_rollback_returns_to_one(registry: Registry, make_adapter: MakeAdapter) -> None:
+    path, first = make_adapter(seed=0, rank=4)
+    created = registry.create("pirate", path, first, base_model="smol", uploaded_by="admin:aaaa")
+    second_path, second = make_adapter(seed=1, rank=8, target_modules=("q_proj", "v_proj"))
+    replaced = registry.replace("pirate", second_path, second, uploaded_by="admin:bbbb")
+    assert (replaced.id, replaced.created_at) == (created.id, created.created_at)  # the same adapter, new weights
+    assert (replaced.sha256, replaced.rank, replaced.target_modules) == (second.sha256, 8, ("q_proj", "v_proj"))
+    versions = registry.versions("pirate")
+    assert [(v.sha256, v.uploaded_by, v.current) for v in versions] == [
+        (first.sha256, "admin:aaaa", False), (second.sha256, "admin:bbbb", True),
+    ]  # fmt: skip
+    assert versions[0].rank == 4 and versions[0].created_at <= versions[1].created_at
+    assert _stored(registry.store) == sorted([first.sha256, second.sha256]), "a rollback needs the old files"
+
+    back = registry.rollback("pirate", first.sha256)
+    assert (back.sha256, back.rank, back.target_modules) == (first.sha256, 4, ("q_proj",))
+    assert [v.current for v in registry.versions("pirate")] == [True, False]
+    with pytest.raises(VersionNotFoundError, match="no version"):
+        registry.rollback("pirate", "0" * 64)
+    again = registry.replace("pirate", second_path, second)  # a content it had: that version, current again
+    assert again.sha256 == second.sha256 and len(registry.versions("pirate")) == 2
+
+    registry.delete("pirate")
+    assert _stored(registry.store) == [], "the versions' files go with the adapter"
+    with pytest.raises(AdapterNotFoundError):
+        registry.versions("pirate")
+
+
+def test_a_replacement_that_fails_changes_nothing(
+    registry: Registry, make_adapter: MakeAdapter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, first = make_adapter(seed=0)
+    registry.create("pirate", path, first, base_model="smol")
+    with pytest.raises(AdapterNotFoundError):
+        registry.replace("ghost", *make_adapter(seed=1))
+    failing_path, failing = make_adapter(seed=2)
+    monkeypatch.setattr(Session, "commit", _failing_commit(OperationalError("COMMIT", {}, Exception("disk I/O error"))))
+    with pytest.raises(RegistryError):
+        registry.replace("pirate", failing_path, failing)
+    monkeypatch.undo()
+    assert registry.get("pirate").sha256 == first.sha256 and len(registry.versions("pirate")) == 1
+    assert _stored(registry.store) == [first.sha256], "neither the failed nor the unknown name's files stay"
+
+
+def test_files_another_adapter_s_version_names_stay(registry: Registry, make_adapter: MakeAdapter) -> None:
+    shared_path, shared = make_adapter(seed=5)
+    registry.create("a", shared_path, shared, base_model="smol")
+    registry.create("b", *make_adapter(seed=6), base_model="smol")
+    registry.replace("b", *make_adapter(seed=5))  # b's second version is a's content
+    registry.replace("b", *make_adapter(seed=7))
+    registry.delete("a")
+    assert shared.sha256 in _stored(registry.store), "b may still roll back to it"
+    assert registry.rollback("b", shared.sha256).sha256 == shared.sha256

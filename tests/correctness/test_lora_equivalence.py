@@ -44,9 +44,9 @@ def peft_references(model_dir, tmp_path_factory, llm):
     from transformers import AutoModelForCausalLM
 
     references = {}
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for i, (name, config) in enumerate(ADAPTERS.items()):
         torch.manual_seed(i)
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         peft_model = get_peft_model(base, LoraConfig(init_lora_weights=False, **config)).eval()
         # peft's random init makes deltas as large as the base weights; shrink B so answers stay language.
         # DoRA's magnitudes start at the weight norms (a scale of one): move them so the scale counts.
@@ -67,6 +67,7 @@ def peft_references(model_dir, tmp_path_factory, llm):
                 logprobs = peft_model(torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
             rows.append((prompt, tokens[0, len(prompt) :].tolist(), logprobs))
         references[name] = (Path(path), rows)
+        base = peft_model.unload()  # the base weights, untouched, for the next adapter
     return references
 
 

@@ -54,9 +54,9 @@ def part_dirs(model_dir, tmp_path_factory) -> dict[str, Path]:
     from transformers import AutoModelForCausalLM
 
     dirs = {}
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for i, (name, config) in enumerate(PARTS.items()):
         torch.manual_seed(100 + i)
-        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         peft_model = get_peft_model(base, LoraConfig(init_lora_weights=False, **config))
         with torch.no_grad():
             for param_name, param in peft_model.named_parameters():
@@ -64,6 +64,7 @@ def part_dirs(model_dir, tmp_path_factory) -> dict[str, Path]:
                     param.mul_(0.3)
         dirs[name] = tmp_path_factory.mktemp(name)
         peft_model.save_pretrained(dirs[name])
+        base = peft_model.unload()  # the base weights, untouched, for the next part
     return dirs
 
 

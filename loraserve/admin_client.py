@@ -20,8 +20,10 @@ class AdminClient:
         headers = {"Authorization": f"Bearer {admin_token}"}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
 
-    def upload(self, name: str, path: Path, system_prompt: str | None, description: str | None) -> dict[str, Any]:
-        """Upload a PEFT directory (its two files) or an archive of one."""
+    def upload(
+        self, name: str, path: Path, system_prompt: str | None, description: str | None, replace: bool = False
+    ) -> dict[str, Any]:
+        """Upload a PEFT directory (its two files) or an archive of one; `replace`: as new weights of the adapter."""
         files = [path / CONFIG_FILE, path / WEIGHTS_FILE] if path.is_dir() else [path]
         if missing := [str(f) for f in files if not f.is_file()]:
             raise LoraserveError(f"not found: {', '.join(missing)}")
@@ -29,7 +31,12 @@ class AdminClient:
         with ExitStack() as stack:
             parts = [("files", (f.name, stack.enter_context(f.open("rb")))) for f in files]
             data = {k: v for k, v in fields.items() if v is not None}
+            if replace:
+                return self._call("PUT", f"/admin/adapters/{name}", data=data, files=parts)
             return self._call("POST", "/admin/adapters", data=data, files=parts)
+
+    def rollback(self, name: str, sha256: str) -> dict[str, Any]:
+        return self._call("POST", f"/admin/adapters/{name}/rollback", json={"sha256": sha256})
 
     def list(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/admin/adapters")["data"])

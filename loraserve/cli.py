@@ -164,9 +164,13 @@ def _adapters(args: argparse.Namespace) -> None:
         for piece in ask_mix(args.url, args.admin_token, merged, args.prompt, args.max_tokens):
             print(piece, end="", flush=True)
         print()
+    elif args.action == "rollback":
+        record = client.rollback(args.name, args.sha256)
+        print(f"{record['name']} serves {record['sha256']} again")
     else:
-        record = client.upload(args.name, args.path, args.system_prompt, args.description)
-        print(f"uploaded {record['name']}: rank {record['rank']}, {', '.join(record['target_modules'])}")
+        record = client.upload(args.name, args.path, args.system_prompt, args.description, args.replace)
+        verb = "replaced" if args.replace else "uploaded"
+        print(f"{verb} {record['name']}: rank {record['rank']}, {', '.join(record['target_modules'])}")
 
 
 def _registry_check(args: argparse.Namespace) -> None:
@@ -250,6 +254,13 @@ def main(argv: list[str] | None = None) -> None:
     upload.add_argument("path", type=Path)
     upload.add_argument("--system-prompt", help="the persona: used when a chat request has no system message")
     upload.add_argument("--description")
+    upload.add_argument(
+        "--replace", action="store_true",
+        help="new weights for an existing adapter: a new version; running requests finish on the old weights",
+    )  # fmt: skip
+    rollback = actions.add_parser("rollback", help="serve an earlier version again (`show NAME` lists them)")
+    rollback.add_argument("name")
+    rollback.add_argument("sha256", help="the whole content hash of the version")
     mix = actions.add_parser("mix", help="ask a per-request mix of adapters (merged_adapters) one question, streamed")
     mix.add_argument("ids", nargs="+", help="the adapters to mix")
     mix.add_argument("--weights", type=float, nargs="+", required=True, help="one per adapter, negative subtracts")

@@ -111,6 +111,20 @@ class LLMEngine:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
         self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
 
+    def replace_adapter(
+        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
+    ) -> None:
+        """New weights under a served name: requests that have started finish on the old version (set aside under an
+        alias until they end), the others and every new one get these. The prefix cache keys on content, so no
+        block of the old version is found for the new one. Raises UnknownAdapterError."""
+        alias = self.adapters.set_aside(name)
+        for request in self._requests.values():
+            if request.adapter == name and request.first_scheduled_time is not None:
+                request.adapter = alias
+        self.mixes.retire_mixing(name)
+        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
+        self._forget_retired_adapters()
+
     def remove_adapter(self, name: str) -> None:
         """Stop accepting requests for the adapter; the ones already queued or running finish with it."""
         self.adapters.drain(name)

@@ -68,6 +68,7 @@ class AdapterManager:
         self._resident: dict[str, AdapterRecord] = {}  # ON_DEVICE
         self._draining: set[str] = set()
         self._clock = itertools.count()
+        self._set_aside = itertools.count(1)  # numbers the aliases of replaced versions still draining
         self._jobs: queue.SimpleQueue[AdapterRecord | None] = queue.SimpleQueue()
         self._pending = 0  # queued or running jobs
         self._worker = threading.Thread(target=self._work, name="loraserve-adapter-loader", daemon=True)
@@ -104,6 +105,23 @@ class AdapterManager:
                 raise UnknownAdapterError(name)
             record.draining = True
             self._draining.add(name)
+
+    def set_aside(self, name: str) -> str:
+        """Give up `name` for new weights: the record goes on, draining and unpinned, as the returned alias, for the
+        requests that started on it (the engine points them there). Raises UnknownAdapterError."""
+        with self._lock:
+            record = self._records.get(name)
+            if record is None or record.draining:
+                raise UnknownAdapterError(name)
+            alias = f"{name}@{next(self._set_aside)}"
+            del self._records[name]
+            record.name, record.pinned, record.draining = alias, False, True
+            self._records[alias] = record
+            if self._resident.pop(name, None) is not None:
+                self._resident[alias] = record
+            self._draining.add(alias)
+            self.host.drop(name)  # the name's next read is the new weights; the old ones still have their slot or files
+            return alias
 
     def unregister(self, name: str) -> None:
         """Forget the adapter and free its slot; the caller made sure nothing runs with it."""

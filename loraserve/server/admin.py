@@ -7,10 +7,11 @@ the catalog, which stores and serves it; whatever fails, the temporary directory
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from loraserve.crash_points import crash_point
 from loraserve.engine.stats import json_view
@@ -26,7 +27,7 @@ from loraserve.errors import AdapterError, AdapterNotFoundError, raise_if_disk_f
 from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
 from loraserve.registry import AdapterInfo
 from loraserve.registry.archive import SUFFIXES, extract_adapter_archive
-from loraserve.server.responses import AdapterList, AdapterRecord, Deleted, Pool, record_json
+from loraserve.server.responses import AdapterList, AdapterRecord, AdapterWithVersions, Deleted, Pool, record_json
 from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
@@ -45,6 +46,13 @@ class AdapterPatch(BaseModel):
 class LoadLoraRequest(BaseModel):
     lora_name: str
     lora_path: str
+    load_inplace: bool = False  # vLLM's: new weights under a name already served
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str
 
 
 class UnloadLoraRequest(BaseModel):
@@ -57,13 +65,48 @@ UPLOADS_DIR = "uploads"  # in the data directory: scratch space of uploads in fl
 @router.post("/admin/adapters", status_code=201, response_model=AdapterRecord)
 async def upload_adapter(request: Request) -> JSONResponse:
     state = server_state(request)
-    form = await request.form(max_files=4, max_fields=8)
-    try:
+
+    async def store(form: FormData, source: Path) -> AdapterInfo:
         name = _text_field(form.get("name"), "name")
         if not name:
             raise AdapterError("name", "is required (a multipart form field)")
         system_prompt = _text_field(form.get("system_prompt"), "system_prompt")
         description = _text_field(form.get("description"), "description")
+        return await state.catalog.add(name, source, system_prompt, description, uploaded_by(state))
+
+    return JSONResponse(_record(state, await _received_upload(request, store)), status_code=201)
+
+
+@router.put("/admin/adapters/{name}", response_model=AdapterRecord)
+async def replace_adapter(name: str, request: Request) -> dict[str, Any]:
+    """New weights for an adapter (the same multipart as an upload; `name` may be left out, `system_prompt` and
+    `description` change them when given): a new version, served to every request that has not started; the running
+    ones finish on the old weights."""
+    state = server_state(request)
+
+    async def store(form: FormData, source: Path) -> AdapterInfo:
+        if (given := _text_field(form.get("name"), "name")) not in (None, name):
+            raise AdapterError("name", f"{given!r} differs from the adapter in the path, {name!r}")
+        fields = {field: _text_field(form.get(field), field) for field in ("system_prompt", "description")}
+        info = await state.catalog.replace(name, source, uploaded_by(state))
+        changes = {field: value for field, value in fields.items() if value is not None}
+        return await state.catalog.update(name, **changes) if changes else info
+
+    return _record(state, await _received_upload(request, store))
+
+
+@router.post("/admin/adapters/{name}/rollback", response_model=AdapterRecord)
+async def rollback_adapter(name: str, body: RollbackRequest, request: Request) -> dict[str, Any]:
+    """Serve an earlier version again: `sha256` names it (GET /admin/adapters/{name} lists them)."""
+    state = server_state(request)
+    return _record(state, await state.catalog.rollback(name, body.sha256))
+
+
+async def _received_upload(request: Request, store: Callable[[FormData, Path], Awaitable[AdapterInfo]]) -> AdapterInfo:
+    """Unpack a multipart upload into scratch space and `store` it; the scratch space goes whatever happens."""
+    state = server_state(request)
+    form = await request.form(max_files=4, max_fields=8)
+    try:
         uploads = [value for _, value in form.multi_items() if isinstance(value, UploadFile)]
         crash_point("upload.received")
         with _scratch_dir(state) as scratch:
@@ -73,10 +116,14 @@ async def upload_adapter(request: Request) -> JSONResponse:
                 raise_if_disk_full(error, "unpack the upload")
                 raise
             crash_point("upload.unpacked")
-            info = await state.catalog.add(name, source, system_prompt, description)
+            return await store(form, source)
     finally:
         await form.close()
-    return JSONResponse(_record(state, info), status_code=201)
+
+
+def uploaded_by(state: ServerState) -> str:
+    """Who uploads: the admin token, by an id that does not reveal it."""
+    return "admin-" + hashlib.sha256(state.admin_token.encode()).hexdigest()[:12]
 
 
 @router.get("/admin/adapters", response_model=AdapterList)
@@ -85,12 +132,13 @@ async def list_adapters(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [_record(state, info) for info in await state.catalog.records()]}
 
 
-@router.get("/admin/adapters/{name}", response_model=AdapterRecord)
+@router.get("/admin/adapters/{name}", response_model=AdapterWithVersions)
 async def get_adapter(name: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
     if (info := await state.catalog.record(name)) is None:
         raise AdapterNotFoundError(name)
-    return _record(state, info)
+    versions = await state.catalog.versions(name)
+    return {**_record(state, info), "versions": [record_json(version) for version in versions]}
 
 
 @router.patch("/admin/adapters/{name}", response_model=AdapterRecord)
@@ -123,6 +171,8 @@ async def load_lora_adapter(body: LoadLoraRequest, request: Request) -> dict[str
     path = Path(body.lora_path)
     if not path.is_dir():
         raise AdapterError("lora_path", f"{body.lora_path!r} is not a directory on the server")
+    if body.load_inplace and await state.catalog.record(body.lora_name) is not None:
+        return _record(state, await state.catalog.replace(body.lora_name, path, uploaded_by(state)))
     info = await state.catalog.add(body.lora_name, path, system_prompt=None, description=None)
     return _record(state, info)
 

@@ -28,8 +28,9 @@ from loraserve.errors import (
     RegistryUnavailableError,
     UnknownAdapterError,
 )
-from loraserve.lora.adapter import CONFIG_FILE
+from loraserve.lora.adapter import CONFIG_FILE, LoraAdapter
 from loraserve.registry import AdapterInfo, AdapterStatus, Registry
+from loraserve.registry.adapter_info import AdapterVersion
 from loraserve.registry.consistency import check_registry
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.usage_buffer import UsageBuffer
@@ -93,7 +94,10 @@ class AdapterCatalog:
     async def record(self, name: str) -> AdapterInfo | None:
         return await self.calls(f"read adapter {name!r}", self.registry.get, name)
 
-    async def add(self, name: str, source_dir: Path, system_prompt: str | None, description: str | None) -> AdapterInfo:
+    async def add(
+        self, name: str, source_dir: Path, system_prompt: str | None, description: str | None,
+        uploaded_by: str | None = None,
+    ) -> AdapterInfo:  # fmt: skip
         """Validate the PEFT directory against the base model, store it, serve it. All or nothing."""
         if name == self.base_model:
             raise AdapterError("name", f"{name!r} is the base model's id")
@@ -104,7 +108,7 @@ class AdapterCatalog:
         async def change() -> AdapterInfo:  # AdapterExistsError (409) from `create` if the name is taken
             info = await self.calls(
                 f"register adapter {name!r}", self.registry.create, name, source_dir, adapter, self.base_model,
-                system_prompt, description, wait=True,
+                system_prompt, description, uploaded_by, wait=True,
             )  # fmt: skip
             stored = self.registry.files_of(info)
             try:
@@ -116,6 +120,50 @@ class AdapterCatalog:
             return info
 
         return await self._change(name, change())
+
+    async def replace(self, name: str, source_dir: Path, uploaded_by: str | None) -> AdapterInfo:
+        """New weights for an adapter: validated, stored as its new version, served to the requests that have not
+        started (the others finish on the old). All or nothing."""
+        adapter = await asyncio.to_thread(self.engine.read_adapter, source_dir, False)
+
+        async def change() -> AdapterInfo:
+            before = await self.record(name)
+            info = await self.calls(
+                f"replace adapter {name!r}", self.registry.replace, name, source_dir, adapter, uploaded_by, wait=True
+            )  # AdapterNotFoundError (404) for a name not registered
+            try:
+                await self._serve_version(info, adapter)
+            except BaseException:
+                if before is not None:
+                    restore = self.registry.rollback
+                    await self.calls(f"restore adapter {name!r}", restore, name, before.sha256, wait=True)
+                raise
+            return info
+
+        return await self._change(name, change())
+
+    async def rollback(self, name: str, sha256: str) -> AdapterInfo:
+        """Serve an earlier version again (VersionNotFoundError, 404, for a content it never had)."""
+
+        async def change() -> AdapterInfo:
+            info = await self.calls(f"roll adapter {name!r} back", self.registry.rollback, name, sha256, wait=True)
+            await self._serve_version(info, None)
+            return info
+
+        return await self._change(name, change())
+
+    async def versions(self, name: str) -> list[AdapterVersion]:
+        return await self.calls(f"read the versions of adapter {name!r}", self.registry.versions, name)
+
+    async def _serve_version(self, info: AdapterInfo, adapter: LoraAdapter | None) -> None:
+        """Serve the registry's current version of `info.name` here: in place of the one served (its started requests
+        finish on it), or anew; `adapter` when just read, else read at its first request."""
+        files = await self.calls(f"copy the files of adapter {info.name!r}", self.registry.files_of, info, wait=True)
+        if self.engine.served_as(info.name) is None:
+            await self.engine.call(lambda engine: engine.register_adapter(info.name, files, info.sha256, adapter, info))
+        else:
+            await self.engine.call(lambda engine: engine.replace_adapter(info.name, files, info.sha256, adapter, info))
+        self._apply_pin(info)
 
     async def update(self, name: str, **changes: str | None) -> AdapterInfo:
         async def change() -> AdapterInfo:
@@ -208,10 +256,13 @@ class AdapterCatalog:
         async def change() -> None:
             info = await self.record(name)  # read under the name's lock: no change of this server's overtakes it
             served = cast(AdapterInfo | None, self.engine.served_as(name))
-            if info is None or info.status is not AdapterStatus.READY or (served and served.sha256 != info.sha256):
-                if served is not None:  # deleted, failed, or uploaded anew: its requests finish first
+            if info is None or info.status is not AdapterStatus.READY:
+                if served is not None:  # deleted or failed: its requests finish first
                     await self._stop_serving(name)
                     await self.calls("remove unused files", self.registry.remove_unused_files, served.sha256, wait=True)
+            elif served is not None and served.sha256 != info.sha256:  # replaced or rolled back: its started requests
+                await self._serve_version(info, None)  # finish on the version they began with
+                await self.calls("remove unused files", self.registry.remove_unused_files, served.sha256, wait=True)
             elif served is not None:
                 self.engine.describe_adapter(name, info)
                 self._apply_pin(info)

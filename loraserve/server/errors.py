@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (domain.UnknownAdapterError, 404, "not_found_error", "adapter_not_found"),
     (domain.AdapterNotFoundError, 404, "not_found_error", "adapter_not_found"),
+    (domain.VersionNotFoundError, 404, "not_found_error", "version_not_found"),
     (domain.ModelNotFoundError, 404, "not_found_error", "model_not_found"),
     (domain.ApiKeyNotFoundError, 404, "not_found_error", "api_key_not_found"),
     (domain.ModelNotAllowedError, 403, "permission_error", "model_not_allowed"),

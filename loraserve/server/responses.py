@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, create_model
 
 from loraserve.engine.stats import EngineStats
 from loraserve.registry import AdapterInfo, ApiKeyInfo
+from loraserve.registry.adapter_info import AdapterVersion
 
 
 class CompletionChunkChoice(CompletionChoice):
@@ -85,6 +86,13 @@ def record_json(record: Any, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 AdapterRecord = _from_dataclass("AdapterRecord", AdapterInfo, residency=(Literal["device", "host", "disk"], ...))
+VersionRecord = _from_dataclass("VersionRecord", AdapterVersion)
+# GET /admin/adapters/{name}: the record and every version of its weights, oldest first.
+AdapterWithVersions = create_model(
+    "AdapterWithVersions",
+    __base__=AdapterRecord,
+    versions=(list[VersionRecord], ...),  # type: ignore[valid-type]
+)
 
 
 class AdapterList(BaseModel):

@@ -28,6 +28,12 @@ def test_upload_list_show_chat_delete(server, capsys, monkeypatch, tmp_path):
     out = run_cli(capsys, "adapters", "upload", "cli-robot", archive, "--description", "beeps", *admin)
     assert out.startswith("uploaded cli-robot: rank 8, q_proj, k_proj, v_proj, o_proj")
     run_cli(capsys, "adapters", "upload", "cli-robot-2", str(SAMPLES / "pirate"), *admin)
+    replaced = run_cli(capsys, "adapters", "upload", "cli-robot-2", str(SAMPLES / "robot"), "--replace", *admin)
+    assert replaced.startswith("replaced cli-robot-2: rank 8")
+    versions = json.loads(run_cli(capsys, "adapters", "show", "cli-robot-2", *admin))["versions"]
+    assert [v["current"] for v in versions] == [False, True]
+    rolled = run_cli(capsys, "adapters", "rollback", "cli-robot-2", versions[0]["sha256"], *admin)
+    assert rolled.strip() == f"cli-robot-2 serves {versions[0]['sha256']} again"
     listing = run_cli(capsys, "adapters", "list", *admin)
     assert listing.splitlines()[0].split()[:2] == ["NAME", "STATUS"]
     assert "cli-robot    ready" in listing and "beeps" in listing
@@ -43,7 +49,7 @@ def test_upload_list_show_chat_delete(server, capsys, monkeypatch, tmp_path):
     mixed = run_cli(capsys, "adapters", "mix", "cli-robot", "cli-robot-2", "--weights", "0.6", "0.4",
                     "--prompt", "Hello there", "--max-tokens", "8", *admin)  # fmt: skip
     assert "404" not in mixed and mixed.strip(), "the mix's reply was printed"
-    with pytest.raises(SystemExit, match="400: merged_adapters.weights"):
+    with pytest.raises(SystemExit, match=r"400: merged_adapters\.weights"):
         main(["adapters", "mix", "cli-robot", "--weights", "1", "2", "--prompt", "Hi", *admin])
 
     assert run_cli(capsys, "adapters", "delete", "cli-robot", *admin).strip() == "deleted cli-robot"

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.slow
 
 SAMPLES = SAMPLE_ADAPTERS
 PEFT_FILES = [SAMPLES / "robot" / "adapter_config.json", SAMPLES / "robot" / "adapter_model.safetensors"]
+PIRATE_FILES = [SAMPLES / "pirate" / "adapter_config.json", SAMPLES / "pirate" / "adapter_model.safetensors"]
 
 
 @pytest.fixture
@@ -67,6 +68,22 @@ def test_sign_in_upload_chat_compare_pin_delete(page, ui_server):
     form.get_by_label("PEFT files or one archive").set_input_files([str(p) for p in PEFT_FILES])
     form.get_by_role("button", name="Upload").click()
     expect(page.get_by_role("status")).to_have_text(re.compile(r"Refused: adapter 'ui-robot' already exists"))
+
+    first_sha = ui_server_record(ui_server, "ui-robot")["sha256"]
+    form.get_by_label("Name").fill("ui-robot")
+    form.get_by_label("PEFT files or one archive").set_input_files([str(p) for p in PIRATE_FILES])
+    form.get_by_label(re.compile("Replace: new weights")).check()
+    form.get_by_role("button", name="Upload").click()
+    expect(page.get_by_role("status")).to_contain_text("Replaced ui-robot: rank 8")
+    row(page, "ui-robot").get_by_role("button", name="Versions of ui-robot").click()
+    versions = page.locator("#versions-list li")
+    expect(versions).to_have_count(2)
+    expect(versions.nth(1)).to_contain_text("(current)")
+    versions.nth(0).get_by_role("button", name=f"Roll back ui-robot to {first_sha[:12]}").click()
+    expect(versions.nth(0)).to_contain_text("(current)")
+    assert ui_server_record(ui_server, "ui-robot")["sha256"] == first_sha
+    page.locator("#versions-dialog").get_by_role("button", name="Close").click()
+    form.get_by_label(re.compile("Replace: new weights")).uncheck()
 
     page.get_by_label("Filter").fill("ui-")
     expect(page.locator("#adapters-table tbody tr")).to_have_count(1)

@@ -1,4 +1,4 @@
-// The adapters table (sort, filter, pin, edit, delete) and the upload form.
+// The adapters table (sort, filter, pin, edit, versions and rollback, delete) and the upload form.
 import { actThenRefresh, call, upload } from "./api.js";
 import { confirmThen } from "./confirm.js";
 import { bytes, element } from "./format.js";
@@ -51,6 +51,7 @@ function row(record) {
     button(record.pinned ? "Unpin" : "Pin", `${record.pinned ? "Unpin" : "Pin"} ${record.name}`,
       () => act(() => call("POST", `/admin/adapters/${record.name}/${record.pinned ? "unpin" : "pin"}`))),
     button("Edit", `Edit ${record.name}`, () => edit(record)),
+    button("Versions", `Versions of ${record.name}`, () => showVersions(record.name)),
     button("Delete", `Delete ${record.name}`, () => remove(record), "danger"));
   if (record.status !== "ready") actions.firstChild.disabled = true;
   return element("tr", { dataset: { name: record.name } },
@@ -86,6 +87,34 @@ function edit(record) {
   dialog.showModal();
 }
 
+async function showVersions(name) {
+  const dialog = $("versions-dialog");
+  $("versions-title").textContent = `Versions of ${name}`;
+  $("versions-error").textContent = "";
+  try {
+    const { versions } = await call("GET", `/admin/adapters/${name}`);
+    $("versions-list").replaceChildren(...versions.map((version) => versionItem(name, version)));
+  } catch (error) {
+    $("versions-error").textContent = error.message;
+  }
+  if (!dialog.open) dialog.showModal();
+}
+
+function versionItem(name, version) {
+  const short = version.sha256.slice(0, 12);
+  const when = new Date(version.created_at).toLocaleString();
+  const text = `${short}: rank ${version.rank}, ${when}, by ${version.uploaded_by ?? "unknown"}`;
+  const item = element("li", { dataset: { sha256: version.sha256 } }, text);
+  if (version.current) item.append(" ", element("strong", {}, "(current)"));
+  else {
+    item.append(" ", button("Roll back", `Roll back ${name} to ${short}`, async () => {
+      await act(() => call("POST", `/admin/adapters/${name}/rollback`, { sha256: version.sha256 }));
+      await showVersions(name);
+    }));
+  }
+  return item;
+}
+
 function remove(record) {
   confirmThen(`Delete ${record.name}? Running requests finish; new ones are refused.`, "Delete",
     () => act(() => call("DELETE", `/admin/adapters/${record.name}`)));
@@ -106,9 +135,11 @@ async function submitUpload(event) {
   progress.value = 0;
   status.className = "";
   status.textContent = "Uploading…";
+  const replace = form.elements.replace.checked ? form.elements.name.value.trim() : null;
   try {
-    const record = await upload(data, (fraction) => { progress.value = fraction; });
-    status.textContent = `Uploaded ${record.name}: rank ${record.rank}, ${record.target_modules.join(", ")}.`;
+    const record = await upload(data, (fraction) => { progress.value = fraction; }, replace);
+    const verb = replace ? "Replaced" : "Uploaded";
+    status.textContent = `${verb} ${record.name}: rank ${record.rank}, ${record.target_modules.join(", ")}.`;
     form.reset();
   } catch (error) {
     status.className = "error";

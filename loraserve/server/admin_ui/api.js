@@ -49,17 +49,18 @@ export async function actThenRefresh(action, errorNode, refresh) {
   await refresh();
 }
 
-// XMLHttpRequest, not fetch: only it reports upload progress.
-export function upload(formData, onProgress) {
+// XMLHttpRequest, not fetch: only it reports upload progress. `replace`: PUT new weights for the adapter `replace`.
+export function upload(formData, onProgress, replace = null) {
   return new Promise((resolve, reject) => {
     const request = new XMLHttpRequest();
-    request.open("POST", "/admin/adapters");
+    if (replace) request.open("PUT", `/admin/adapters/${encodeURIComponent(replace)}`);
+    else request.open("POST", "/admin/adapters");
     request.setRequestHeader("Authorization", `Bearer ${token.get()}`);
     request.upload.onprogress = (event) => event.lengthComputable && onProgress(event.loaded / event.total);
     request.onload = () => {
       let body = null;
       try { body = JSON.parse(request.responseText); } catch (_) { /* plain text error */ }
-      if (request.status === 201) resolve(body);
+      if (request.status === (replace ? 200 : 201)) resolve(body);
       else reject(new ApiError(request.status, body?.error?.message ?? `${request.status} ${request.statusText}`));
     };
     request.onerror = () => reject(new ApiError(0, "the server could not be reached"));

@@ -13,9 +13,10 @@ UPLOAD_PATH = "/admin/adapters"
 
 
 def body_limit(method: str, path: str, max_body_bytes: int, max_upload_bytes: int) -> tuple[int, str]:
-    """The bytes a request's body may take, and the message refusing more: an upload (POST to UPLOAD_PATH) may send
-    `max_upload_bytes`, every other request `max_body_bytes`."""
-    is_upload = method == "POST" and path == UPLOAD_PATH
+    """The bytes a request's body may take, and the message refusing more: an upload (POST to UPLOAD_PATH, or new
+    weights: PUT to UPLOAD_PATH/name) may send `max_upload_bytes`, every other request `max_body_bytes`."""
+    name = path.removeprefix(UPLOAD_PATH + "/")
+    is_upload = (method == "POST" and path == UPLOAD_PATH) or (method == "PUT" and name != path and "/" not in name)
     limit = max_upload_bytes if is_upload else max_body_bytes
     return limit, f"{'an adapter upload' if is_upload else 'a request body'} may be at most {limit} bytes"
 

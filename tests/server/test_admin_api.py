@@ -220,6 +220,10 @@ def test_each_bad_upload_gets_its_status_and_a_json_error_and_changes_nothing(li
     def send(*files: tuple[str, bytes], name: str = "x", headers=ADMIN) -> httpx.Response:
         return upload(server, name, list(files), headers=headers)
 
+    def replace(*files: tuple[str, bytes], name: str = "taken", headers=ADMIN) -> httpx.Response:
+        parts = [("files", (file_name, data)) for file_name, data in files]
+        return httpx.put(f"{server.url}/admin/adapters/{name}", files=parts, headers=headers, timeout=60)
+
     too_large = "payload_too_large"
     cases = {
         "no token": (lambda: send(*good, headers={}), 401, None),
@@ -240,6 +244,13 @@ def test_each_bad_upload_gets_its_status_and_a_json_error_and_changes_nothing(li
         "pickle in archive": (lambda: send(("a.zip", zipped(dict([config, pickle])))), 422, "adapter_model.bin"),
         "mismatched shapes": (lambda: send(*_mismatched_shapes(tmp_path)), 422, None),
         "no files": (lambda: send(), 422, "files"),
+        # New weights for an adapter (PUT) pass the same checks, under the upload's size limit.
+        "replace: zip bomb": (lambda: replace(("a.zip", bomb)), 413, too_large),
+        "replace: oversize": (lambda: replace(config, ("adapter_model.safetensors", bytes(7 << 20))), 413, too_large),
+        "replace: pickle weights": (lambda: replace(config, pickle), 422, "adapter_model.bin"),
+        "replace: mismatched shapes": (lambda: replace(*_mismatched_shapes(tmp_path)), 422, None),
+        "replace: no token": (lambda: replace(*good, headers={}), 401, None),
+        "replace: unknown name": (lambda: replace(*good, name="ghost"), 404, "adapter_not_found"),
     }
     for case, (attempt, status, code) in cases.items():
         response = attempt()

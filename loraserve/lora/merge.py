@@ -51,11 +51,12 @@ def merge_adapters(spec: MixSpec, parts: list[LoraAdapter], sha256: str, max_ran
     weights: dict[tuple[int, str], LoraWeights] = {}
     for module in modules:
         present = [(part.weights[module], w) for part, w in weighted_parts if module in part.weights]
-        weights[module] = _merge_module(present, strategy, spec, generator)
-        if weights[module].rank > max_rank:
-            raise InvalidRequestError(
-                FIELD, f"the mix has rank {weights[module].rank} at layer {module[0]} {module[1]}; at most {max_rank}"
-            )
+        merged = weights[module] = _merge_module(present, strategy, spec, generator)
+        where = f"layer {module[0]} {module[1]}"
+        if merged.rank > max_rank:
+            raise InvalidRequestError(FIELD, f"the mix has rank {merged.rank} at {where}; at most {max_rank}")
+        if not (bool(merged.a.isfinite().all()) and bool(merged.b.isfinite().all())):
+            raise InvalidRequestError(f"{FIELD}.weights", f"are too large: the mix's weights overflow at {where}")
     mixed = LoraAdapter(
         rank=max(w.rank for w in weights.values()),
         alpha=1.0,

@@ -185,6 +185,8 @@ def test_a_mix_is_one_adapter_named_by_its_content_and_goes_with_its_parts(mix_l
         ({"ids": ["all-r8", "nope"], "weights": [1, 1]}, "merged_adapters.ids", "nope"),
         ({"ids": ["all-r8"], "weights": [1, 2]}, "merged_adapters.weights", "one per id"),
         ({"ids": ["all-r8"], "weights": [math.inf]}, "merged_adapters.weights", "finite"),
+        ({"ids": ["all-r8", "mlp-r8"], "weights": [1e39, 1.0], "merge_strategy": "cat"}, "merged_adapters.weights",
+         "overflow"),
         ({"ids": ["all-r8", "all-r8"], "weights": [1, 1]}, "merged_adapters.ids", "twice"),
         ({"ids": ["a", "b", "c", "d", "e"], "weights": [1] * 5}, "merged_adapters.ids", "at most 4"),
         ({"ids": ["all-r8"], "weights": [1], "density": 0}, "merged_adapters.density", r"\(0, 1\]"),

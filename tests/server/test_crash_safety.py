@@ -14,15 +14,19 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
+from loraserve.models import LoadedModel
 from loraserve.registry import FileStore, Registry
 from loraserve.registry.consistency import check_registry
 from loraserve.registry.database import sqlite_url
 from loraserve.resources import SAMPLE_ADAPTERS
+from tests.server.conftest import ADMIN as RESTART_ADMIN
+from tests.server.conftest import start_server
 from tests.server.server_process import ADMIN, TOKEN, server_process
 
 pytestmark = pytest.mark.slow
@@ -50,17 +54,18 @@ def upload_body() -> tuple[bytes, str]:
     return request.read(), request.headers["content-type"]
 
 
-def upload(url: str) -> httpx.Response:
+def upload(url: str, admin: dict[str, str] = ADMIN) -> httpx.Response:
     body, content_type = upload_body()
-    return httpx.post(f"{url}/admin/adapters", content=body, headers={**ADMIN, "Content-Type": content_type},
+    return httpx.post(f"{url}/admin/adapters", content=body, headers={**admin, "Content-Type": content_type},
                       timeout=120)  # fmt: skip
 
 
-def assert_whole_or_absent(data_dir: Path) -> bool:
+def assert_whole_or_absent(data_dir: Path, loaded_model: LoadedModel) -> bool:
     """Restart on `data_dir`: NAME serves or is unknown everywhere; the store and scratch hold nothing
-    else. Returns whether NAME is there."""
-    with server_process(data_dir) as server:
-        records = httpx.get(f"{server.url}/admin/adapters", headers=ADMIN).json()["data"]
+    else. Returns whether NAME is there. The restart is a server in this process (the start-up checks and
+    repairs are the app's, wherever it runs); the one killed was a process of its own."""
+    with contextmanager(start_server)(loaded_model, data_dir, orphan_grace=0.0) as server:
+        records = httpx.get(f"{server.url}/admin/adapters", headers=RESTART_ADMIN).json()["data"]
         present = [record for record in records if record["name"] == NAME]
         models = [model["id"] for model in httpx.get(f"{server.url}/v1/models").json()["data"]]
         body = {"model": NAME, "prompt": "Ahoy", "max_tokens": 2}
@@ -74,7 +79,7 @@ def assert_whole_or_absent(data_dir: Path) -> bool:
         assert stored == sorted({record["sha256"] for record in records}), "a stored directory no adapter names"
         assert not list((data_dir / "uploads").glob("*")), "upload scratch left behind"
         if not present:  # the name is free again
-            assert upload(server.url).status_code == 201
+            assert upload(server.url, RESTART_ADMIN).status_code == 201
     # What `loraserve registry check` runs (its command line is the last test's), in this process: a
     # subprocess per crash point would spend its time importing.
     registry = Registry(sqlite_url(data_dir), FileStore(data_dir / "adapters"))
@@ -87,18 +92,18 @@ def assert_whole_or_absent(data_dir: Path) -> bool:
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_sigkill_at_a_point_of_an_upload_leaves_the_adapter_whole_or_absent(tmp_path, point):
+def test_sigkill_at_a_point_of_an_upload_leaves_the_adapter_whole_or_absent(tmp_path, point, loaded_model):
     data_dir = tmp_path / "data"
     with server_process(data_dir, crash_at=point) as server:
         with pytest.raises(httpx.TransportError):
             upload(server.url)
         assert server.process.wait(timeout=30) == -signal.SIGKILL, "it died at the point, not otherwise"
-    present = assert_whole_or_absent(data_dir)
+    present = assert_whole_or_absent(data_dir, loaded_model)
     # Once the row is committed the adapter is registered: a crash after it keeps the adapter.
     assert present == (POINTS.index(point) >= POINTS.index("registry.inserted"))
 
 
-def test_sigkill_with_the_body_half_sent_leaves_nothing(tmp_path):
+def test_sigkill_with_the_body_half_sent_leaves_nothing(tmp_path, loaded_model):
     data_dir = tmp_path / "data"
     body, content_type = upload_body()
     with server_process(data_dir) as server:
@@ -110,17 +115,17 @@ def test_sigkill_with_the_body_half_sent_leaves_nothing(tmp_path):
             time.sleep(1.0)  # the server is reading the body
             server.process.send_signal(signal.SIGKILL)
             server.process.wait(timeout=30)
-    assert not assert_whole_or_absent(data_dir)
+    assert not assert_whole_or_absent(data_dir, loaded_model)
 
 
-def test_sigkill_right_after_the_201_keeps_the_adapter(tmp_path):
+def test_sigkill_right_after_the_201_keeps_the_adapter(tmp_path, loaded_model):
     data_dir = tmp_path / "data"
     with server_process(data_dir) as server:
         response = upload(server.url)
         assert response.status_code == 201, response.text
         server.process.send_signal(signal.SIGKILL)
         server.process.wait(timeout=30)
-    assert assert_whole_or_absent(data_dir)
+    assert assert_whole_or_absent(data_dir, loaded_model)
 
 
 def test_registry_check_reports_and_repairs_orphans_and_marks_adapters_without_files_failed(tmp_path):

@@ -68,6 +68,9 @@ class AsyncLLMEngine:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="loraserve-engine", daemon=True)
         self._workers = ThreadPoolExecutor(max_workers=INFERENCE_WORKERS, thread_name_prefix="loraserve-inference")
+        # Mixes are made one at a time on a thread of their own: a flood of new mixes queues there and never
+        # holds the threads that add every other request.
+        self._mixer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loraserve-mix", initializer=keep_serial)
 
     def start(self) -> None:
         self._thread.start()
@@ -102,7 +105,8 @@ class AsyncLLMEngine:
 
     async def mix_adapters(self, spec: MixSpec) -> str:
         """The adapter name serving this mix; made off the engine's lock, registered between two steps."""
-        prepared = await self.offload(self.engine.mixes.prepare, spec)
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(self._mixer, self.engine.mixes.prepare, spec)
         await self.call(lambda engine: engine.mixes.serve(prepared))
         return prepared.name
 
@@ -130,6 +134,7 @@ class AsyncLLMEngine:
         self._has_work.set()
         self._thread.join(timeout=30)
         self._workers.shutdown(wait=False, cancel_futures=True)
+        self._mixer.shutdown(wait=False, cancel_futures=True)
         self.engine.close()
 
     async def generate(

@@ -152,7 +152,7 @@ class AsyncLLMEngine:
         add = functools.partial(
             self.engine.add_request, params=params, adapter=adapter, priority=priority, timeout=timeout, tenant=tenant
         )
-        await self.offload(self._add, request_id, prompt, stream, add)
+        await self.offload(self._add, request_id, prompt, params, stream, add)
         finished = False
         try:
             while not finished:
@@ -186,11 +186,19 @@ class AsyncLLMEngine:
             self._streams.pop(request_id, None)
             self.engine.abort_request(request_id)
 
-    def _add(self, request_id: str, prompt: str | list[int], stream: _Stream, add: Callable[..., Request]) -> None:
+    def _add(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        stream: _Stream,
+        add: Callable[..., Request],
+    ) -> None:
         """`add(request_id, token_ids, text=...)` under the lock, with `stream` to receive the outputs."""
         keep_serial()
-        # Tokenized before taking the lock: a long text must not hold back the steps.
+        # Tokenized, and its grammar built (then cached), before taking the lock: the steps must not wait for them.
         token_ids = self.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
+        self.engine.compile_grammar(params)
         text = prompt if isinstance(prompt, str) else None
         with self._lock:
             if self._error is not None:

@@ -11,10 +11,14 @@ from loraserve.errors import InvalidRequestError
 Conversation = list[dict[str, str]]  # [{"role": "user", "content": "Hi"}, ...]
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, conversation: Conversation) -> list[int]:
-    """The prompt's token ids with the assistant's turn opened."""
+def chat_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, conversation: Conversation, tools: list[Any] | None = None
+) -> list[int]:
+    """The prompt's token ids with the assistant's turn opened; `tools` (OpenAI's) for a template that shows them."""
     try:
-        encoded: Any = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
+        encoded: Any = tokenizer.apply_chat_template(
+            conversation, tools=tools, tokenize=True, add_generation_prompt=True
+        )
     except Exception as error:  # the template raises on roles or orders it does not accept
         raise InvalidRequestError("messages", f"the chat template refused them: {error}") from error
     # transformers 5 returns a BatchEncoding; older versions a plain list.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -14,6 +15,7 @@ from loraserve.config import LATENCY_BUCKETS, EngineConfig
 from loraserve.engine.batch import ScheduledBatch
 from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.fair_share import UNKEYED, Tenant
+from loraserve.engine.grammar import CompiledGrammar, GrammarCompiler
 from loraserve.engine.mixes import Mixes
 from loraserve.engine.model_runner import GraphSettings, ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
@@ -66,6 +68,20 @@ class LLMEngine:
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.loaded.tokenizer
+
+    @functools.cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Made at the first structured request (it indexes the vocabulary: half a second)."""
+        return GrammarCompiler(self.tokenizer, self.loaded.model.spec.vocab_size, self.loaded.eos_token_ids)
+
+    def compile_grammar(self, params: SamplingParams) -> CompiledGrammar | None:
+        """The request's grammar, built or from the cache; InvalidRequestError naming the field it came from.
+        Touches no engine state: call it from any thread (requests build theirs before taking the lock)."""
+        if params.structured_output is None:
+            return None
+        if params.ignore_eos:
+            raise InvalidRequestError("ignore_eos", "cannot be set with structured output: the output ends with it")
+        return self.grammars.compile(params.structured_output)
 
     def read_adapter(self, path: str | Path, trusted: bool = True) -> LoraAdapter:
         """Read and validate a PEFT adapter directory against this base model; raises AdapterError.
@@ -173,6 +189,7 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else text
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         self._validate_request(token_ids, params)
+        grammar = self.compile_grammar(params)
         arrival_time = time.monotonic() if arrival_time is None else arrival_time
         request = Request(
             request_id=request_id,
@@ -184,6 +201,7 @@ class LLMEngine:
             priority=priority,
             tenant=tenant,
             deadline=None if timeout is None else arrival_time + timeout,
+            grammar=grammar,
         )
         self.scheduler.add_request(request)  # first: a request it refuses (overloaded) must leave nothing here
         self._requests[request_id] = request
@@ -252,8 +270,9 @@ class LLMEngine:
         self.block_manager.reset_prefix_cache()
 
     def close(self) -> None:
-        """Stop the adapter loader thread."""
+        """Stop the adapter loader and token mask threads."""
         self.adapters.close()
+        self.model_runner.token_masks.close()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -340,7 +359,9 @@ class LLMEngine:
                 "leaving no room for a new token",
             )
         vocab = self.loaded.model.spec.vocab_size
-        for field, ids in (("prompt", token_ids), ("stop_token_ids", params.stop_token_ids)):
+        for field, ids in (
+            ("prompt", token_ids), ("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)
+        ):  # fmt: skip
             if any(not 0 <= t < vocab for t in ids):
                 raise InvalidRequestError(field, f"token ids must be in [0, {vocab})")
         # The n completions share the prompt's full blocks; each needs the rest of its own.

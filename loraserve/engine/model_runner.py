@@ -19,6 +19,7 @@ from loraserve.engine.block_manager import BlockCopy
 from loraserve.engine.cuda_graphs import DecodeGraphs, DecodeRows
 from loraserve.engine.faults import FaultInjector
 from loraserve.engine.sampler import Sampler
+from loraserve.engine.token_masks import TokenMasks
 from loraserve.lora.backends import choose_backend
 from loraserve.lora.batch import LoraBatch
 from loraserve.lora.memory_pool import MemoryPool, pool_pages
@@ -70,6 +71,7 @@ class ModelRunner:
         num_pages = pool_pages(cache_config, spec, self.dtype, self.device)
         self.pool = MemoryPool(spec, self.block_size, num_pages, self.dtype, self.device)
         self.sampler = Sampler(seed, self.device)
+        self.token_masks = TokenMasks(spec.vocab_size, loaded.eos_token_ids)
         self.faults = FaultInjector()
         self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
         on_cpu = self.device == "cpu"
@@ -106,6 +108,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         """Forward and sample the batch; its block copies must be done (`copy_blocks`)."""
+        masks = self.token_masks.start(batch.sampling_seqs)  # computed while the forward pass runs
         hidden, order = None, batch.decodes
         if self.decode_graphs is not None and not batch.prefills:
             # Rows of one adapter side by side: the LoRA kernels' programs that read its weights
@@ -122,7 +125,7 @@ class ModelRunner:
             logits_index = inputs.logits_index
         self.faults.check(batch)
         logits = self.model.lm_head(hidden.index_select(0, logits_index)).float()  # [S, vocab] float32
-        return self.sampler(logits, batch.sampling_seqs)
+        return self.sampler(logits, batch.sampling_seqs, None if masks is None else masks.result())
 
     def decode_rows(self, decodes: list[ScheduledSequence]) -> DecodeRows:
         """The decodes row by row: a CUDA graph's inputs, or the first rows of an eager step."""

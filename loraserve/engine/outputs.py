@@ -16,6 +16,7 @@ class TokenLogprob:
 
 ADAPTER_UNAVAILABLE = "adapter_unavailable"  # its adapter could not be loaded
 STEP_FAILED = "step_failed"  # scheduling or computing it raised; the other requests went on
+GRAMMAR_FAILED = "grammar_failed"  # its grammar could not go on (the parser's limits): nothing fit the output
 TIMED_OUT = "timed_out"  # it waited past its deadline without starting
 OVERLOADED = "overloaded"  # let in, then its first token was foreseen past the TTFT target: refused before any
 

@@ -1,9 +1,11 @@
 """Turn the step's logits into tokens, vectorized over the batch.
 
-Order: penalties -> logprobs (of the penalized distribution) -> greedy rows take the
-argmax; the other rows divide by temperature, cut to top-k and top-p, and sample by the
+Order: penalties -> logit_bias -> logprobs (of that distribution) -> the step's masks
+(grammars, min_tokens: what a row may not sample at all) -> greedy rows take the argmax;
+the other rows divide by temperature, cut to top-k and top-p, and sample by the
 exponential race (argmax of p / E with E ~ Exp(1)), which equals sampling from p and lets
-seeded rows draw their noise from their own generator.
+seeded rows draw their noise from their own generator. Logprobs come before the masks: a
+masked token's is the model's, not minus infinity.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import torch
 
 from loraserve.engine.batch import StepOutput
 from loraserve.engine.outputs import TokenLogprob
+from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Sequence
+from loraserve.engine.token_masks import StepMasks
 
 
 class Sampler:
@@ -22,11 +26,16 @@ class Sampler:
         self._device = device
         self._generator = torch.Generator(device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> StepOutput:
-        """logits: [S, vocab] float32, row i for seqs[i]."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], masks: StepMasks | None = None) -> StepOutput:
+        """logits: [S, vocab] float32, row i for seqs[i]; `masks`: the tokens rows may not sample."""
         params = [seq.params for seq in seqs]
         if any(p.has_penalties for p in params):
             logits = self._apply_penalties(logits, seqs)
+        if any(p.logit_bias for p in params):
+            logits = _apply_logit_bias(logits, params)
+        scored = logits
+        if masks is not None:
+            logits = masks.apply(logits)
         # max().indices, like argmax, returns the first maximum, and is ~3x faster on the CPU.
         token_ids = logits.max(dim=-1).indices  # [S] int64; right for the greedy rows
         random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
@@ -35,7 +44,7 @@ class Sampler:
         sampled = token_ids.tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if any(p.logprobs is not None for p in params):
-            logprobs = self._logprobs(logits, sampled, [p.logprobs for p in params])
+            logprobs = self._logprobs(scored, sampled, [p.logprobs for p in params])
         return StepOutput(token_ids=sampled, logprobs=logprobs)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -93,6 +102,19 @@ class Sampler:
             top = dict(zip(top_ids_list[row][:k], top_values_list[row][:k], strict=True))
             result.append(TokenLogprob(token_id=sampled[row], logprob=chosen[row], top=top))
         return result
+
+
+def _apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's logit_bias added to its tokens' logits (ids past the vocabulary were refused at admission)."""
+    rows = [row for row, p in enumerate(params) for _ in p.logit_bias]
+    tokens = [token for p in params for token in p.logit_bias]
+    biases = [bias for p in params for bias in p.logit_bias.values()]
+    device = logits.device
+    return logits.index_put(
+        (torch.tensor(rows, device=device), torch.tensor(tokens, device=device)),
+        torch.tensor(biases, device=device),
+        accumulate=True,
+    )
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loraserve.config import MAX_LOGPROBS, MAX_STOP_STRINGS
+from loraserve.engine.structured_output import StructuredOutput
 from loraserve.errors import InvalidRequestError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Stop strings are searched at every token, their prefixes too (stop_checker.py): bounded work.
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS_TOKENS = 1024
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
 # Below this temperature logits / temperature can overflow float32: such rows are greedy (as in vLLM).
 MIN_SAMPLING_TEMPERATURE = 1e-5
 FLOAT32_MAX = 3.4028234663852886e38
@@ -41,6 +44,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF/CTRL: divides positive logits of prompt and generated tokens
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the top k
     skip_special_tokens: bool = True
+    min_tokens: int = 0  # vLLM's: no EOS or stop token id (nor stop string) before this many tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: added to the token's logit
+    structured_output: StructuredOutput | None = None  # what the output must match (grammar.py)
 
     def __post_init__(self) -> None:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop  # one string, as OpenAI allows, or a list
@@ -50,6 +56,8 @@ class SamplingParams:
             self.top_k = 0
         _check_int(self.n, "n", 1, INT64_MAX)
         _check_int(self.max_tokens, "max_tokens", 1, INT64_MAX)
+        _check_int(self.min_tokens, "min_tokens", 0, self.max_tokens, "must be at least 0 and at most max_tokens")
+        self.logit_bias = _logit_bias(self.logit_bias)
         _check_int(self.top_k, "top_k", 0, INT64_MAX, "must be -1 or 0 (no cut), or a positive integer below 2**63")
         if self.seed is not None:
             _check_int(self.seed, "seed", INT64_MIN, INT64_MAX)
@@ -104,6 +112,20 @@ def _check_float(value: Any, field_name: str, low: float, high: float, message: 
     _check(is_finite, field_name, f"must be a finite number, got {value!r}")
     _check(low <= value <= high, field_name, f"{message}, got {value}")
     return float(value)
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """OpenAI's `{"token id": bias}` (ids as JSON's string keys, or ints) -> {int id: float bias}."""
+    _check(isinstance(bias, dict), "logit_bias", "must map token ids to biases")
+    _check(len(bias) <= MAX_LOGIT_BIAS_TOKENS, "logit_bias", f"at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(bias)}")
+    checked = {}
+    for token, value in bias.items():
+        as_text = isinstance(token, str) and 0 < len(token) <= 19 and token.isascii() and token.isdigit()
+        is_id = (isinstance(token, int) and not isinstance(token, bool) and token >= 0) or as_text
+        _check(is_id and int(token) <= INT64_MAX, "logit_bias", f"keys must be token ids, got {token!r}")
+        range_message = f"biases must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+        checked[int(token)] = _check_float(value, "logit_bias", -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS, range_message)
+    return checked
 
 
 def _list_of(values: Any, field_name: str, what: str, max_items: int) -> list[Any]:

@@ -25,11 +25,19 @@ from loraserve.engine.admission import Admission
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
 from loraserve.engine.fair_share import FairShare, Tenant
-from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, OVERLOADED, STEP_FAILED, TIMED_OUT, RequestError
+from loraserve.engine.outputs import (
+    ADAPTER_UNAVAILABLE,
+    GRAMMAR_FAILED,
+    OVERLOADED,
+    STEP_FAILED,
+    TIMED_OUT,
+    RequestError,
+)
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
+from loraserve.engine.token_masks import advance as advance_grammar
 from loraserve.lora.adapter_state import AdapterRecord, AdapterState
 from loraserve.lora.residency import Residency
 
@@ -321,11 +329,16 @@ class Scheduler:
             self.fair_share.charge(seq.request.tenant, output_tokens=1)
             if logprob is not None:
                 seq.logprobs.append(logprob)
+            if (grammar_error := advance_grammar(seq, token_id)) is not None:
+                self.fail_request(seq.request, RequestError(GRAMMAR_FAILED, grammar_error))  # reported by take_failed
+                touched.pop(seq.request.request_id, None)
+                continue
             reason = self.stop_checker.check(seq)
             if reason is not None:
                 self.costs.observe_finished(seq.num_output_tokens)
                 self._finish(seq, reason, now)
-            touched[seq.request.request_id] = seq.request
+            if seq.request.error is None:
+                touched[seq.request.request_id] = seq.request
         return list(touched.values())
 
     def take_failed(self) -> list[Request]:

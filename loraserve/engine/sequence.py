@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.outputs import RequestError, TokenLogprob
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.lora.residency import NO_ADAPTER
+
+if TYPE_CHECKING:
+    from loraserve.engine.grammar import CompiledGrammar
 
 
 class SequenceStatus(enum.Enum):
@@ -36,6 +39,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first scheduled
     finished_time: float | None = None
     error: RequestError | None = None  # why it ended with finish_reason "error"
+    grammar: CompiledGrammar | None = None  # params.structured_output, built (grammar.py)
 
     @property
     def is_finished(self) -> bool:
@@ -66,6 +70,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)  # when each generated token arrived
     detokenizer: Any = None  # owned by the stop checker
     rng: Any = None  # seeded sampling state, owned by the sampler
+    matcher: Any = None  # where its output stands in the request's grammar (token_masks.py)
 
     @property
     def params(self) -> SamplingParams:

@@ -30,7 +30,9 @@ class StopChecker:
             return "stop"
         if delta:
             seq.output_text += delta
-            if params.stop and self._truncate_at_stop_string(seq, len(delta)):
+            # As vLLM: no stop string counts before min_tokens (the masks keep stop tokens out till then).
+            reached_min = seq.num_output_tokens >= params.min_tokens
+            if params.stop and reached_min and self._truncate_at_stop_string(seq, len(delta)):
                 return "stop"
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self._max_model_len:
             return "length"

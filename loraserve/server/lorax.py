@@ -27,6 +27,7 @@ from loraserve.server.responses import (
     StreamEvent,
 )
 from loraserve.server.state import ServerState, server_state
+from loraserve.server.structured import from_lorax_response_format
 
 router = APIRouter()
 
@@ -57,7 +58,7 @@ class GenerateParameters(BaseModel):
     details: bool = False
     decoder_input_details: bool = False
     return_k_alternatives: int | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: Any = None  # JSON output, to a schema if given (server/structured.py)
 
     def sampling_params(self) -> SamplingParams:
         """TGI semantics: greedy unless do_sample or a sampling knob is set."""
@@ -66,11 +67,11 @@ class GenerateParameters(BaseModel):
             ("best_of", (self.best_of or 1) > 1),
             ("watermark", self.watermark),
             ("decoder_input_details", self.decoder_input_details),
-            ("response_format", self.response_format is not None),
         ):
             if unsupported:
                 raise InvalidRequestError(f"parameters.{field}", "is not supported by loraserve")
         sampling = self.do_sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+        structured_output = None if self.response_format is None else from_lorax_response_format(self.response_format)
         return SamplingParams(
             max_tokens=self.max_new_tokens if self.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS,
             temperature=(1.0 if self.temperature is None else self.temperature) if sampling else 0.0,
@@ -81,6 +82,7 @@ class GenerateParameters(BaseModel):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             ignore_eos=self.ignore_eos_token,
             logprobs=self.return_k_alternatives or 0,  # every TGI token carries its logprob
+            structured_output=structured_output,
         )
 
 

@@ -11,11 +11,18 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from openai.types import Completion, CompletionChoice, CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionMessage,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionTokenLogprob,
+)
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
+from openai.types.chat.chat_completion_message_function_tool_call import Function
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from openai.types.completion_choice import Logprobs
 from openai.types.completion_usage import PromptTokensDetails
@@ -30,6 +37,7 @@ from loraserve.server.generation import Scheduling, Target, fields_named, genera
 from loraserve.server.responses import CompletionChunk, CompletionChunkChoice
 from loraserve.server.schemas import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, SamplingFields
 from loraserve.server.state import ServerState, server_state
+from loraserve.server.structured import ToolCall, forced_tool_call
 
 router = APIRouter()
 
@@ -67,7 +75,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     max_tokens_field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens: int | None = getattr(body, max_tokens_field)
     with fields_named({"max_tokens": max_tokens_field, "logprobs": "top_logprobs", "prompt": "messages"}):
-        params = body.sampling_params(DEFAULT_CHAT_MAX_TOKENS if max_tokens is None else max_tokens, logprobs)
+        tool_call = forced_tool_call(body.tools, body.tool_choice)
+        max_tokens = DEFAULT_CHAT_MAX_TOKENS if max_tokens is None else max_tokens
+        params = body.sampling_params(max_tokens, logprobs, tool_call)
         if sum(len(message.content) for message in body.messages) > state.engine.max_prompt_chars:
             raise InvalidRequestError("messages", "hold more text than the context window can take in any tokenization")
         conversation = [message.model_dump() for message in body.messages]
@@ -75,8 +85,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         persona = target.adapter.system_prompt if target.adapter is not None else None
         if persona and not any(message["role"] in ("system", "developer") for message in conversation):
             conversation.insert(0, {"role": "system", "content": persona})
-        prompt = await state.engine.offload(chat_prompt_ids, state.tokenizer, conversation)
-        return await _respond(request, body, prompt, params, target, _ChatFormat(state, body.model))
+        tools = body.tools if tool_call is not None else None
+        prompt = await state.engine.offload(chat_prompt_ids, state.tokenizer, conversation, tools)
+        return await _respond(request, body, prompt, params, target, _ChatFormat(state, body.model, tool_call))
 
 
 async def _target_of(state: ServerState, body: SamplingFields) -> Target:
@@ -223,21 +234,50 @@ class _CompletionFormat(_Format):
 
 
 class _ChatFormat(_Format):
+    """A chat's message, or with a forced tool call (`tool_call`) the call: its arguments are the output."""
+
     id_prefix, object_name, chunk_object_name = "chatcmpl", "chat.completion", "chat.completion.chunk"
     response_type, chunk_type = ChatCompletion, ChatCompletionChunk
 
+    def __init__(self, state: ServerState, model: str, tool_call: ToolCall | None = None) -> None:
+        super().__init__(state, model)
+        self.tool_call = tool_call
+        self._call_ids: dict[int, str] = {}  # choice index -> its call's id, the same in every chunk
+
     def opening_choice(self, index: int) -> ChunkChoice:
-        return ChunkChoice(
-            index=index, delta=ChoiceDelta(role="assistant", content=""), logprobs=None, finish_reason=None
-        )
+        delta = ChoiceDelta(role="assistant", content="")
+        if self.tool_call is not None:
+            function = ChoiceDeltaToolCallFunction(name=self.tool_call.name, arguments="")
+            call = ChoiceDeltaToolCall(index=0, id=self._call_id(index), type="function", function=function)
+            delta = ChoiceDelta(role="assistant", tool_calls=[call])
+        return ChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=None)
 
     def choice(self, completion: CompletionOutput, is_chunk: bool) -> Choice | ChunkChoice:
-        shared: dict[str, Any] = {"index": completion.index, "finish_reason": completion.finish_reason}
+        finish_reason = completion.finish_reason
+        if self.tool_call is not None and finish_reason == "stop":
+            finish_reason = "tool_calls"  # the arguments are complete: the client is to call the function
+        shared: dict[str, Any] = {"index": completion.index, "finish_reason": finish_reason}
         if is_chunk:
-            delta = ChoiceDelta(content=completion.text) if completion.text else ChoiceDelta()
-            return ChunkChoice(**shared, delta=delta, logprobs=self._logprobs(ChunkLogprobs, completion.logprobs))
+            logprobs = self._logprobs(ChunkLogprobs, completion.logprobs)
+            return ChunkChoice(**shared, delta=self._delta(completion.text), logprobs=logprobs)
         message = ChatCompletionMessage(role="assistant", content=completion.text)
+        if self.tool_call is not None:
+            function = Function(name=self.tool_call.name, arguments=completion.text)
+            call = ChatCompletionMessageFunctionToolCall(id=self._call_id(completion.index), type="function",
+                                                         function=function)  # fmt: skip
+            message = ChatCompletionMessage(role="assistant", content=None, tool_calls=[call])
         return Choice(**shared, message=message, logprobs=self._logprobs(ChoiceLogprobs, completion.logprobs))
+
+    def _delta(self, text: str) -> ChoiceDelta:
+        if not text:
+            return ChoiceDelta()
+        if self.tool_call is None:
+            return ChoiceDelta(content=text)
+        arguments = ChoiceDeltaToolCallFunction(arguments=text)
+        return ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=0, function=arguments)])
+
+    def _call_id(self, index: int) -> str:
+        return self._call_ids.setdefault(index, f"call_{uuid.uuid4().hex[:24]}")
 
     def _logprobs(self, kind: type[T], logprobs: list[TokenLogprob] | None) -> T | None:
         return None if logprobs is None else kind(content=[self._entry(e.token_id, e.logprob, e.top) for e in logprobs])

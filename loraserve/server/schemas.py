@@ -8,6 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.engine import SamplingParams
+from loraserve.engine.structured_output import StructuredOutput
+from loraserve.errors import InvalidRequestError
+from loraserve.server.structured import ToolCall, from_response_format, from_structured_outputs
 
 
 class StreamOptions(BaseModel):
@@ -16,12 +19,21 @@ class StreamOptions(BaseModel):
 
 class SamplingFields(BaseModel):
     """The sampling fields both routes share (OpenAI names, plus vLLM's extras). Any other field is refused by name
-    (400): a client that asked for, say, `response_format` must not get plain text back as if it had been honoured."""
+    (400): a client that asked for, say, `audio` must not get plain text back as if it had been honoured.
+    FIELD_POLICY below says, for each field of OpenAI's requests, which it is."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    user: str | None = None  # OpenAI's end-user id: accepted, changes nothing in the answer
+    # OpenAI's fields that change nothing in the answer: accepted, whatever they hold.
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
     priority: Any = 0  # vLLM's extension: lower first (checked by Scheduling.of, which names it)
     timeout: Any = None  # seconds the request may wait for its start, else 504
     adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
@@ -37,22 +49,46 @@ class SamplingFields(BaseModel):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
+    min_tokens: Any = 0  # vLLM's (checked by SamplingParams, which names it)
+    logit_bias: Any = None
+    response_format: Any = None  # structured output (server/structured.py checks these three)
+    structured_outputs: Any = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int, logprobs: int | None, tool_call: ToolCall | None = None
+    ) -> SamplingParams:
         """Validated engine parameters; raises InvalidRequestError naming the field."""
         return SamplingParams(
             **self.model_dump(include=_SAME_NAMED),
             max_tokens=max_tokens,
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
+            logit_bias={} if self.logit_bias is None else self.logit_bias,
             logprobs=logprobs,
+            structured_output=self._structured_output(tool_call),
         )
+
+    def _structured_output(self, tool_call: ToolCall | None) -> StructuredOutput | None:
+        """What the output must match: one way of asking at most (400 naming the second)."""
+        ways = (
+            ("response_format", self.response_format, from_response_format),
+            ("structured_outputs", self.structured_outputs, from_structured_outputs),
+        )
+        asked = [(field, read(value)) for field, value, read in ways if value is not None]
+        if tool_call is not None:
+            asked.append(("tool_choice", tool_call.output))
+        asked = [(field, output) for field, output in asked if output is not None]  # response_format "text": none
+        if len(asked) > 1:
+            raise InvalidRequestError(asked[1][0], f"cannot be combined with {asked[0][0]}: give one of them")
+        return asked[0][1] if asked else None
 
 
 # The fields SamplingParams takes as they are, under the same names.
-_SAME_NAMED = {f.name for f in fields(SamplingParams)} & SamplingFields.model_fields.keys() - {"stop", "stop_token_ids"}
+_SAME_NAMED = {f.name for f in fields(SamplingParams)} & SamplingFields.model_fields.keys() - {
+    "stop", "stop_token_ids", "logit_bias"
+}  # fmt: skip
 
 
 class CompletionRequest(SamplingFields):
@@ -74,6 +110,34 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: Any = None  # with tool_choice: server/structured.py forced_tool_call
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None  # one forced call is all loraserve makes: accepted, whatever it says
+
+
+# How the server takes each field of OpenAI's requests (the openai package's CompletionCreateParams):
+# "implemented", "inert" (accepted; changes nothing in the answer) or "refused" (400 naming it).
+_SHARED_POLICY = {
+    **dict.fromkeys(["model", "n", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+                     "logit_bias", "logprobs", "max_tokens", "stream", "stream_options"], "implemented"),
+    "user": "inert",
+}  # fmt: skip
+FIELD_POLICY = {
+    "/v1/chat/completions": {
+        **_SHARED_POLICY,
+        **dict.fromkeys(["messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+                         "tool_choice", "parallel_tool_calls"], "implemented"),
+        **dict.fromkeys(["metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+                         "prompt_cache_retention", "prompt_cache_options"], "inert"),
+        **dict.fromkeys(["audio", "modalities", "functions", "function_call", "prediction", "reasoning_effort",
+                         "verbosity", "web_search_options", "moderation"], "refused"),
+    },
+    "/v1/completions": {
+        **_SHARED_POLICY,
+        "prompt": "implemented",
+        **dict.fromkeys(["best_of", "echo", "suffix"], "refused"),
+    },
+}  # fmt: skip
 
 
 class ModelCard(BaseModel):

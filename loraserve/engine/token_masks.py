@@ -1,0 +1,115 @@
+"""Which tokens each row of a step may sample: its grammar's mask, and no stop token before `min_tokens`.
+
+The grammar masks of a step are computed on a thread of their own while the forward pass runs: every
+matcher has taken its sequence's tokens by then (the scheduler advances them as tokens arrive), and
+llguidance computes masks without the GIL. Rows without a grammar or `min_tokens` are not touched.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import llguidance
+import llguidance.torch
+import torch
+
+from loraserve.engine.sequence import Sequence
+
+BITS = 32  # tokens per word of a bitmask
+
+
+@dataclass
+class StepMasks:
+    """The masks of one step's sampling rows (row i is `seqs[i]` of the step)."""
+
+    grammar_rows: list[int] = field(default_factory=list)
+    bitmask: torch.Tensor | None = None  # [len(grammar_rows), words] int32: bit t set = token t allowed
+    banned: dict[int, list[int]] = field(default_factory=dict)  # row -> stop tokens it may not sample yet
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` ([rows, vocab] float32) with every token a row may not sample at -inf (a new tensor)."""
+        logits = logits.clone()
+        vocab = logits.shape[1]
+        if self.bitmask is not None:
+            allowed = _unpacked(self.bitmask, vocab)
+            for i, row in enumerate(self.grammar_rows):
+                if row in self.banned:
+                    _ban_unless_nothing_left(allowed[i], self.banned.pop(row))
+            rows = torch.tensor(self.grammar_rows, device=logits.device)
+            logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
+        for row, tokens in self.banned.items():
+            logits[row, tokens] = float("-inf")
+        return logits
+
+
+class TokenMasks:
+    """Builds each step's masks; grammar masks start before the forward pass and are awaited after it."""
+
+    def __init__(self, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+        self._vocab_size = vocab_size
+        self._eos_token_ids = sorted(eos_token_ids)
+        self._executor = llguidance.LLExecutor(num_threads=1)  # beside the forward pass's threads, not among them
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="token-masks")
+
+    def start(self, seqs: list[Sequence]) -> Future[StepMasks] | None:
+        """The step's masks, computing (None: no row is constrained)."""
+        banned = {row: self._stop_tokens(seq) for row, seq in enumerate(seqs) if _before_min_tokens(seq)}
+        grammar_rows = [row for row, seq in enumerate(seqs) if seq.request.grammar is not None]
+        if not grammar_rows:
+            if not banned:
+                return None
+            ready: Future[StepMasks] = Future()
+            ready.set_result(StepMasks(banned=banned))
+            return ready
+        matchers = [_matcher(seqs[row]) for row in grammar_rows]
+        return self._thread.submit(self._fill, grammar_rows, matchers, banned)
+
+    def _fill(self, rows: list[int], matchers: list[llguidance.LLMatcher], banned: dict[int, list[int]]) -> StepMasks:
+        bitmask = llguidance.torch.allocate_token_bitmask(len(rows), self._vocab_size)
+        llguidance.torch.fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask)
+        return StepMasks(rows, bitmask, banned)
+
+    def _stop_tokens(self, seq: Sequence) -> list[int]:
+        return sorted({*self._eos_token_ids, *seq.params.stop_token_ids})
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def advance(seq: Sequence, token_id: int) -> str | None:
+    """Feed the sampled token to the sequence's matcher; why not, if its grammar cannot go on (it ran out of the
+    parser's fuel computing the mask, which then allowed nothing)."""
+    if seq.request.grammar is None:
+        return None
+    matcher = _matcher(seq)
+    if matcher.consume_token(token_id) and not matcher.is_error():
+        return None
+    return f"its grammar cannot go on after {seq.num_output_tokens} tokens: {matcher.get_error() or 'no token fits'}"
+
+
+def _matcher(seq: Sequence) -> llguidance.LLMatcher:
+    """The sequence's matcher, made at its first use from the request's grammar and its tokens so far."""
+    if seq.matcher is None:
+        assert seq.request.grammar is not None
+        seq.matcher = seq.request.grammar.matcher()
+        if seq.output_token_ids:
+            seq.matcher.consume_tokens(seq.output_token_ids)
+    return seq.matcher
+
+
+def _before_min_tokens(seq: Sequence) -> bool:
+    return seq.num_output_tokens < seq.params.min_tokens
+
+
+def _unpacked(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, vocab] bool."""
+    bits = torch.tensor([1 << b for b in range(BITS)], dtype=torch.int64)
+    words = bitmask.to(torch.int64) & 0xFFFFFFFF  # as unsigned: bit 31 is the sign of an int32
+    return ((words.unsqueeze(-1) & bits) != 0).flatten(1)[:, :vocab]
+
+
+def _ban_unless_nothing_left(allowed: torch.Tensor, tokens: list[int]) -> None:
+    """min_tokens gives way to a grammar that can only end: its document is complete."""
+    if int(allowed.sum()) > int(allowed[tokens].sum()):
+        allowed[tokens] = False

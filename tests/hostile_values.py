@@ -27,7 +27,14 @@ JSON_VALUES: st.SearchStrategy[Any] = st.recursive(
 LONG_LISTS = st.lists(
     st.integers(min_value=-(2**65), max_value=2**65) | st.text(max_size=3), min_size=50, max_size=3000
 )
-HOSTILE = JSON_VALUES | LONG_LISTS | EDGES
+# Structured-output requests with hostile insides: response_format's and structured_outputs' shapes, any schema.
+RESPONSE_FORMATS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["json_object", "json_schema", "text"]),
+     "json_schema": st.fixed_dictionaries({"name": st.text(max_size=5), "schema": JSON_VALUES})}
+)  # fmt: skip
+STRUCTURED_OUTPUTS = st.dictionaries(st.sampled_from(["json", "regex", "choice", "json_object"]), JSON_VALUES)
+STRUCTURED = RESPONSE_FORMATS | STRUCTURED_OUTPUTS
+HOSTILE = JSON_VALUES | LONG_LISTS | EDGES | STRUCTURED
 
 
 def hostile_fields(names: list[str]) -> st.SearchStrategy[dict[str, Any]]:

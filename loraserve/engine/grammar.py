@@ -28,6 +28,8 @@ from loraserve.errors import InvalidRequestError
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # in the type stubs only
 
+    from loraserve.engine.sequence import Sequence
+
 # JSON without free whitespace: a small model left free to write spaces and newlines may write them forever,
 # and the separators cost tokens. Property order is the schema's.
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
@@ -81,6 +83,27 @@ class GrammarCompiler:
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
+
+
+def advance(seq: Sequence, token_id: int) -> str | None:
+    """Feed the sampled token to the sequence's matcher; why not, if its grammar cannot go on (it ran out of the
+    parser's fuel computing the mask, which then allowed nothing)."""
+    if seq.request.grammar is None:
+        return None
+    matcher = matcher_of(seq, upto=-1)  # made before the step's mask, unless the step ran without one
+    if matcher.consume_token(token_id) and not matcher.is_error():
+        return None
+    return f"its grammar cannot go on after {seq.num_output_tokens} tokens: {matcher.get_error() or 'no token fits'}"
+
+
+def matcher_of(seq: Sequence, upto: int | None = None) -> llguidance.LLMatcher:
+    """The sequence's matcher, made at its first use from the request's grammar and its output tokens[:upto]."""
+    if seq.matcher is None:
+        assert seq.request.grammar is not None
+        seq.matcher = seq.request.grammar.matcher()
+        if replayed := seq.output_token_ids[:upto]:
+            seq.matcher.consume_tokens(replayed)
+    return seq.matcher
 
 
 def _grammar_of(spec: StructuredOutput) -> str:

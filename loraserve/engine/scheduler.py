@@ -25,6 +25,7 @@ from loraserve.engine.admission import Admission
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
 from loraserve.engine.fair_share import FairShare, Tenant
+from loraserve.engine.grammar import advance as advance_grammar
 from loraserve.engine.outputs import (
     ADAPTER_UNAVAILABLE,
     GRAMMAR_FAILED,
@@ -37,7 +38,6 @@ from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
-from loraserve.engine.token_masks import advance as advance_grammar
 from loraserve.lora.adapter_state import AdapterRecord, AdapterState
 from loraserve.lora.residency import Residency
 

@@ -14,6 +14,7 @@ import llguidance
 import llguidance.torch
 import torch
 
+from loraserve.engine.grammar import matcher_of
 from loraserve.engine.sequence import Sequence
 
 BITS = 32  # tokens per word of a bitmask
@@ -62,7 +63,7 @@ class TokenMasks:
             ready: Future[StepMasks] = Future()
             ready.set_result(StepMasks(banned=banned))
             return ready
-        matchers = [_matcher(seqs[row]) for row in grammar_rows]
+        matchers = [matcher_of(seqs[row]) for row in grammar_rows]
         return self._thread.submit(self._fill, grammar_rows, matchers, banned)
 
     def _fill(self, rows: list[int], matchers: list[llguidance.LLMatcher], banned: dict[int, list[int]]) -> StepMasks:
@@ -77,36 +78,16 @@ class TokenMasks:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def advance(seq: Sequence, token_id: int) -> str | None:
-    """Feed the sampled token to the sequence's matcher; why not, if its grammar cannot go on (it ran out of the
-    parser's fuel computing the mask, which then allowed nothing)."""
-    if seq.request.grammar is None:
-        return None
-    matcher = _matcher(seq)
-    if matcher.consume_token(token_id) and not matcher.is_error():
-        return None
-    return f"its grammar cannot go on after {seq.num_output_tokens} tokens: {matcher.get_error() or 'no token fits'}"
-
-
-def _matcher(seq: Sequence) -> llguidance.LLMatcher:
-    """The sequence's matcher, made at its first use from the request's grammar and its tokens so far."""
-    if seq.matcher is None:
-        assert seq.request.grammar is not None
-        seq.matcher = seq.request.grammar.matcher()
-        if seq.output_token_ids:
-            seq.matcher.consume_tokens(seq.output_token_ids)
-    return seq.matcher
-
-
 def _before_min_tokens(seq: Sequence) -> bool:
     return seq.num_output_tokens < seq.params.min_tokens
 
 
+_BITS = torch.ones(BITS, dtype=torch.int32) << torch.arange(BITS, dtype=torch.int32)  # bit 31 is int32's sign
+
+
 def _unpacked(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, vocab] bool."""
-    bits = torch.tensor([1 << b for b in range(BITS)], dtype=torch.int64)
-    words = bitmask.to(torch.int64) & 0xFFFFFFFF  # as unsigned: bit 31 is the sign of an int32
-    return ((words.unsqueeze(-1) & bits) != 0).flatten(1)[:, :vocab]
+    return ((bitmask.unsqueeze(-1) & _BITS) != 0).flatten(1)[:, :vocab]
 
 
 def _ban_unless_nothing_left(allowed: torch.Tensor, tokens: list[int]) -> None:

@@ -126,9 +126,9 @@ FIELD_POLICY = {
     "/v1/chat/completions": {
         **_SHARED_POLICY,
         **dict.fromkeys(["messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-                         "tool_choice", "parallel_tool_calls"], "implemented"),
+                         "tool_choice"], "implemented"),
         **dict.fromkeys(["metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-                         "prompt_cache_retention", "prompt_cache_options"], "inert"),
+                         "prompt_cache_retention", "prompt_cache_options", "parallel_tool_calls"], "inert"),
         **dict.fromkeys(["audio", "modalities", "functions", "function_call", "prediction", "reasoning_effort",
                          "verbosity", "web_search_options", "moderation"], "refused"),
     },

@@ -170,18 +170,18 @@ class LLGuidance(Library):
         return bool(matcher.consume_tokens(tokens)) and bool(matcher.is_accepting())
 
 
-def compile_times(library: Library) -> list[float]:
+def compile_times(library: Library, schemas: list[dict[str, Any]]) -> list[float]:
     times = []
-    for entry in SCHEMAS:
+    for entry in schemas:
         started = time.perf_counter()
         library.compile(json.dumps(entry["schema"]))
         times.append(time.perf_counter() - started)
     return times
 
 
-def mask_time(library: Library, batched: bool, steps: int) -> float:
+def mask_time(library: Library, schemas: list[dict[str, Any]], batched: bool, steps: int) -> float:
     """Seconds to fill the masks of MASK_BATCH rows, mean over `steps` steps of random allowed tokens."""
-    grammars = [library.compile(json.dumps(entry["schema"])) for entry in SCHEMAS]
+    grammars = [library.compile(json.dumps(entry["schema"])) for entry in schemas]
     matchers = [library.matcher(grammars[i % len(grammars)]) for i in range(MASK_BATCH)]
     bitmask, rng, spent = library.bitmask(MASK_BATCH), random.Random(0), 0.0
     bits = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
@@ -198,10 +198,10 @@ def mask_time(library: Library, batched: bool, steps: int) -> float:
     return spent / steps
 
 
-def probe(library: Library, tokenizer: Any) -> dict[str, str]:
+def probe(library: Library, tokenizer: Any, probes: list[tuple[str, dict[str, Any], str, str]]) -> dict[str, str]:
     """keyword -> "refused", "enforced", "ignored" (a forbidden document got through) or wrong (a valid one did not)."""
     verdicts = {}
-    for keyword, schema, forbidden, allowed in PROBES:
+    for keyword, schema, forbidden, allowed in probes:
         try:
             grammar = library.compile(json.dumps(schema))
         except Exception:
@@ -243,25 +243,26 @@ def main() -> None:
         args.max_tokens, args.repeats, args.mask_steps = 8, 1, 2
     loaded = load_model(model_config_of(args))
     vocab = loaded.model.spec.vocab_size
+    schemas, probes = (SCHEMAS[:3], PROBES[:3]) if args.quick else (SCHEMAS, PROBES)
 
     libraries: list[Library] = [XGrammar(loaded.tokenizer, vocab), LLGuidance(loaded.tokenizer, vocab)]
     rows = []
     verdicts = {}
     for library in libraries:
-        compiles = compile_times(library)
+        compiles = compile_times(library, schemas)
         rows.append(
             f"| {library.name} {library.version} | {statistics.median(compiles) * 1e3:.1f} | {max(compiles) * 1e3:.0f} "
-            f"| {mask_time(library, False, args.mask_steps) * 1e3:.1f} "
-            f"| {mask_time(library, True, args.mask_steps) * 1e3:.1f} |"
+            f"| {mask_time(library, schemas, False, args.mask_steps) * 1e3:.1f} "
+            f"| {mask_time(library, schemas, True, args.mask_steps) * 1e3:.1f} |"
         )
-        verdicts[library.name] = probe(library, loaded.tokenizer)
+        verdicts[library.name] = probe(library, loaded.tokenizer, probes)
         print(rows[-1], flush=True)
 
     started = time.perf_counter()
     compiler = GrammarCompiler(loaded.tokenizer, vocab, loaded.eos_token_ids)
     index_time = time.perf_counter() - started
     first_compiles = []
-    for entry in SCHEMAS:
+    for entry in schemas:
         started = time.perf_counter()
         compiler.compile(StructuredOutput.json_schema(entry["schema"], "schema"))
         first_compiles.append(time.perf_counter() - started)
@@ -273,7 +274,7 @@ def main() -> None:
     free = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     constrained = {}
     for i in range(0, MASK_BATCH, 2):  # every other row, each with a schema of the test set
-        entry = SCHEMAS[(i // 2) % len(SCHEMAS)]
+        entry = schemas[(i // 2) % len(schemas)]
         prompts[i] = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": entry["prompt"]}])
         output = StructuredOutput.json_schema(entry["schema"], "schema")
         constrained[i] = SamplingParams(temperature=0, max_tokens=args.max_tokens * 3, structured_output=output)

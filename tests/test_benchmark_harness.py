@@ -33,6 +33,7 @@ def run_module(module: str, *args: str) -> str:
         "benchmarks.bench_lora_ops",
         "benchmarks.bench_prefix_cache",
         "benchmarks.bench_swapping",
+        "benchmarks.bench_structured",
         "benchmarks.profile_lora_step",
     ],
 )

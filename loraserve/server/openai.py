@@ -78,9 +78,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         tool_call = forced_tool_call(body.tools, body.tool_choice)
         max_tokens = DEFAULT_CHAT_MAX_TOKENS if max_tokens is None else max_tokens
         params = body.sampling_params(max_tokens, logprobs, tool_call)
-        if sum(len(message.content) for message in body.messages) > state.engine.max_prompt_chars:
+        if sum(len(message.content or "") for message in body.messages) > state.engine.max_prompt_chars:
             raise InvalidRequestError("messages", "hold more text than the context window can take in any tokenization")
-        conversation = [message.model_dump() for message in body.messages]
+        conversation = [message.template_message(i) for i, message in enumerate(body.messages)]
         target = await _target_of(state, body)
         persona = target.adapter.system_prompt if target.adapter is not None else None
         if persona and not any(message["role"] in ("system", "developer") for message in conversation):

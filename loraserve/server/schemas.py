@@ -100,8 +100,16 @@ class CompletionRequest(SamplingFields):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | None = None  # None only for an assistant turn that called a tool
+    tool_calls: list[dict[str, Any]] | None = None  # that turn's calls (OpenAI's shape), for the chat template
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
+
+    def template_message(self, index: int) -> dict[str, Any]:
+        """As the chat template takes it; InvalidRequestError naming `messages.{index}.content` if it has none."""
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise InvalidRequestError(f"messages.{index}.content", "is required (but for an assistant's tool calls)")
+        return {**self.model_dump(exclude_none=True), "content": self.content or ""}
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -115,6 +115,19 @@ def test_a_forced_tool_call_returns_its_arguments_as_tool_calls_streamed_or_not(
     assert "".join(c.function.arguments or "" for c in calls) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
+    # The client runs the function and goes on with the conversation, as OpenAI's tool loop does.
+    answer = {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
+    follow_up = {**body, "messages": [*body["messages"], turn, answer], "tool_choice": "none"}
+    reply = client.chat.completions.create(**follow_up).choices[0]
+    assert reply.message.content and reply.message.tool_calls is None
+
+
+def test_a_message_without_content_is_refused_unless_it_called_a_tool(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": None}]}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "messages.0.content"
+
 
 def test_structured_outputs_on_completions_and_json_mode_and_lorax(server):
     prompt = {"model": MODEL, "prompt": "The answer is", "temperature": 0, "max_tokens": 30}

@@ -58,6 +58,8 @@ class SamplingParams:
         _check_int(self.max_tokens, "max_tokens", 1, INT64_MAX)
         _check_int(self.min_tokens, "min_tokens", 0, self.max_tokens, "must be at least 0 and at most max_tokens")
         self.logit_bias = _logit_bias(self.logit_bias)
+        is_output = self.structured_output is None or isinstance(self.structured_output, StructuredOutput)
+        _check(is_output, "structured_output", "must be a StructuredOutput (StructuredOutput.json_schema(...), ...)")
         _check_int(self.top_k, "top_k", 0, INT64_MAX, "must be -1 or 0 (no cut), or a positive integer below 2**63")
         if self.seed is not None:
             _check_int(self.seed, "seed", INT64_MIN, INT64_MAX)

@@ -11,7 +11,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import llguidance
-import llguidance.torch
 import torch
 
 from loraserve.engine.grammar import matcher_of
@@ -67,8 +66,11 @@ class TokenMasks:
         return self._thread.submit(self._fill, grammar_rows, matchers, banned)
 
     def _fill(self, rows: list[int], matchers: list[llguidance.LLMatcher], banned: dict[int, list[int]]) -> StepMasks:
-        bitmask = llguidance.torch.allocate_token_bitmask(len(rows), self._vocab_size)
-        llguidance.torch.fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask)
+        # What llguidance.torch's fill_next_token_bitmask_par does; that module imports torch._dynamo (seconds).
+        words = -(-self._vocab_size // BITS)
+        bitmask = torch.full((len(rows), words), -1, dtype=torch.int32)
+        targets = [(matcher, i) for i, matcher in enumerate(matchers)]
+        self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), words * bitmask.element_size(), len(rows))
         return StepMasks(rows, bitmask, banned)
 
     def _stop_tokens(self, seq: Sequence) -> list[int]:

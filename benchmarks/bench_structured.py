@@ -43,7 +43,6 @@ from loraserve.models.dtypes import dtype_name
 
 SECTION = "structured-output"
 SCHEMAS = json.loads((Path(__file__).parent / "data" / "json_schemas.json").read_text())
-MASK_BATCH = 64
 
 # (keyword, schema, a compact document the keyword forbids, a compact document it allows)
 PROBES: list[tuple[str, dict[str, Any], str, str]] = [
@@ -179,11 +178,11 @@ def compile_times(library: Library, schemas: list[dict[str, Any]]) -> list[float
     return times
 
 
-def mask_time(library: Library, schemas: list[dict[str, Any]], batched: bool, steps: int) -> float:
-    """Seconds to fill the masks of MASK_BATCH rows, mean over `steps` steps of random allowed tokens."""
+def mask_time(library: Library, schemas: list[dict[str, Any]], rows: int, batched: bool, steps: int) -> float:
+    """Seconds to fill the masks of `rows` rows, mean over `steps` steps of random allowed tokens."""
     grammars = [library.compile(json.dumps(entry["schema"])) for entry in schemas]
-    matchers = [library.matcher(grammars[i % len(grammars)]) for i in range(MASK_BATCH)]
-    bitmask, rng, spent = library.bitmask(MASK_BATCH), random.Random(0), 0.0
+    matchers = [library.matcher(grammars[i % len(grammars)]) for i in range(rows)]
+    bitmask, rng, spent = library.bitmask(rows), random.Random(0), 0.0
     bits = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
     for _ in range(steps):
         started = time.perf_counter()
@@ -233,6 +232,7 @@ def throughput(llm: LLM, prompts: list[list[int]], constrained: dict[int, Sampli
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=64, help="rows of the masks timed and of the batch run")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--mask-steps", type=int, default=40)
@@ -240,7 +240,7 @@ def main() -> None:
     add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
-        args.max_tokens, args.repeats, args.mask_steps = 8, 1, 2
+        args.batch, args.max_tokens, args.repeats, args.mask_steps = 8, 8, 1, 2
     loaded = load_model(model_config_of(args))
     vocab = loaded.model.spec.vocab_size
     schemas, probes = (SCHEMAS[:3], PROBES[:3]) if args.quick else (SCHEMAS, PROBES)
@@ -252,8 +252,8 @@ def main() -> None:
         compiles = compile_times(library, schemas)
         rows.append(
             f"| {library.name} {library.version} | {statistics.median(compiles) * 1e3:.1f} | {max(compiles) * 1e3:.0f} "
-            f"| {mask_time(library, schemas, False, args.mask_steps) * 1e3:.1f} "
-            f"| {mask_time(library, schemas, True, args.mask_steps) * 1e3:.1f} |"
+            f"| {mask_time(library, schemas, args.batch, False, args.mask_steps) * 1e3:.1f} "
+            f"| {mask_time(library, schemas, args.batch, True, args.mask_steps) * 1e3:.1f} |"
         )
         verdicts[library.name] = probe(library, loaded.tokenizer, probes)
         print(rows[-1], flush=True)
@@ -267,18 +267,18 @@ def main() -> None:
         compiler.compile(StructuredOutput.json_schema(entry["schema"], "schema"))
         first_compiles.append(time.perf_counter() - started)
 
-    engine = engine_over(loaded, MASK_BATCH)
+    engine = engine_over(loaded, args.batch)
     llm = LLM.from_engine(engine)
-    workload = chat_workload(MASK_BATCH, args.max_tokens, args.max_tokens)
+    workload = chat_workload(args.batch, args.max_tokens, args.max_tokens)
     prompts = [chat_prompt_ids(loaded.tokenizer, conversation) for conversation in workload.conversations]
     free = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     constrained = {}
-    for i in range(0, MASK_BATCH, 2):  # every other row, each with a schema of the test set
+    for i in range(0, args.batch, 2):  # every other row, each with a schema of the test set
         entry = schemas[(i // 2) % len(schemas)]
         prompts[i] = chat_prompt_ids(loaded.tokenizer, [{"role": "user", "content": entry["prompt"]}])
         output = StructuredOutput.json_schema(entry["schema"], "schema")
         constrained[i] = SamplingParams(temperature=0, max_tokens=args.max_tokens * 3, structured_output=output)
-    llm.generate(prompts, [constrained.get(i, free) for i in range(MASK_BATCH)], use_tqdm=False)  # warm-up
+    llm.generate(prompts, [constrained.get(i, free) for i in range(args.batch)], use_tqdm=False)  # warm-up
     runs = [throughput(llm, prompts, constrained, free) for _ in range(args.repeats)]
     for with_grammars, without, _ in runs:
         print(f"half constrained {with_grammars:.0f} tok/s, none {without:.0f} tok/s", flush=True)
@@ -302,11 +302,11 @@ Model: the default SmolLM2-135M-Instruct in {dtype_name(loaded.dtype)}, vocabula
 The 28 schemas of `benchmarks/data/json_schemas.json` (nested objects, arrays with bounds, enums, integer and
 number ranges, patterns, formats, optional properties, `anyOf`, `$ref`), compact JSON (no free whitespace),
 the default model's tokenizer. Build: one schema's grammar from nothing, no cache (xgrammar's `compile_json_schema`;
-llguidance's matcher, which builds its grammar when made). Masks: the token masks of {MASK_BATCH} rows, one
+llguidance's matcher, which builds its grammar when made). Masks: the token masks of {args.batch} rows, one
 matcher per row over the 28 schemas, each row taking a random allowed token after each step, mean over
 {args.mask_steps} steps; row by row, and through the library's own batch call (2 threads).
 
-| library | build, median (ms) | build, slowest (ms) | {MASK_BATCH} masks, row by row (ms) | batch call (ms) |
+| library | build, median (ms) | build, slowest (ms) | {args.batch} masks, row by row (ms) | batch call (ms) |
 |---|---:|---:|---:|---:|
 {chr(10).join(rows)}
 
@@ -325,9 +325,9 @@ its schema with a 200.
 
 ### What constraining costs the batch
 
-{MASK_BATCH} chat requests in one batch, greedy, the adapters of none; every other row constrained to one of the
+{args.batch} chat requests in one batch, greedy, the adapters of none; every other row constrained to one of the
 28 schemas (up to {args.max_tokens * 3} tokens; they wrote {min(constrained_tokens)}-{max(constrained_tokens)}),
-the others free ({args.max_tokens} tokens, EOS ignored). Against the same {MASK_BATCH} prompts with no grammar,
+the others free ({args.max_tokens} tokens, EOS ignored). Against the same {args.batch} prompts with no grammar,
 each row generating as many tokens as in the constrained run. The masks are computed on a thread of their own
 while the forward pass runs.
 

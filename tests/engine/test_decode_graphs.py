@@ -14,7 +14,7 @@ from loraserve.resources import SAMPLE_ADAPTERS
 from tests.conftest import CHAT_PROMPTS
 
 SAMPLES = SAMPLE_ADAPTERS
-ADAPTERS = ["pirate", "robot", "shakespeare"]
+ADAPTERS = ["pirate", "robot"]
 
 
 def test_buckets_are_powers_of_two_then_multiples_of_eight_up_to_the_largest_batch():
@@ -26,7 +26,8 @@ def test_buckets_are_powers_of_two_then_multiples_of_eight_up_to_the_largest_bat
 
 @pytest.mark.slow
 def test_decode_steps_over_static_buffers_give_the_eager_engines_tokens(make_llm):
-    """Five rows (bucket 8: three padding rows) over three adapters and the base model."""
+    """Three rows (bucket 4: one padding row) over two adapters and the base model; each row runs the Triton
+    kernels in the interpreter, so few rows keep it short."""
     eager, static = make_llm(max_loras=4), make_llm(max_loras=4)
     runner = static.engine.model_runner
     scratch = runner.pool.pages.take(1, PageUse.KV)
@@ -38,8 +39,8 @@ def test_decode_steps_over_static_buffers_give_the_eager_engines_tokens(make_llm
     for llm in (eager, static):
         for name in ADAPTERS:
             llm.add_adapter(name, SAMPLES / name)
-    prompts = [eager.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[:5]]
-    adapters = [*ADAPTERS, None, "pirate"]
+    prompts = [eager.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[:3]]
+    adapters = [*ADAPTERS, None]
     params = SamplingParams(
         temperature=0.0, max_tokens=3, ignore_eos=True
     )  # two decode steps: enough, and slow on a CPU

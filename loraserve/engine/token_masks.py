@@ -29,16 +29,15 @@ class StepMasks:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` ([rows, vocab] float32) with every token a row may not sample at -inf (a new tensor)."""
-        logits = logits.clone()
-        vocab = logits.shape[1]
+        logits, banned = logits.clone(), dict(self.banned)
         if self.bitmask is not None:
-            allowed = _unpacked(self.bitmask, vocab)
+            allowed = _unpacked(self.bitmask, logits.shape[1])
             for i, row in enumerate(self.grammar_rows):
-                if row in self.banned:
-                    _ban_unless_nothing_left(allowed[i], self.banned.pop(row))
+                if row in banned:
+                    _ban_unless_nothing_left(allowed[i], banned.pop(row))
             rows = torch.tensor(self.grammar_rows, device=logits.device)
             logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
-        for row, tokens in self.banned.items():
+        for row, tokens in banned.items():
             logits[row, tokens] = float("-inf")
         return logits
 

@@ -68,7 +68,10 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec.key)
                 return cached
         started = time.perf_counter()
-        matcher = llguidance.LLMatcher(self.tokenizer, _grammar_of(spec), log_level=0)  # drops the GIL while it builds
+        try:
+            matcher = llguidance.LLMatcher(self.tokenizer, _grammar_of(spec), log_level=0)  # drops the GIL to build
+        except ValueError as error:  # a schema nested past llguidance's JSON parser's depth limit, say
+            raise InvalidRequestError(spec.field, f"cannot be used as a grammar: {_first_line(str(error))}") from None
         if matcher.is_error():
             raise InvalidRequestError(spec.field, f"cannot be used as a grammar: {_first_line(matcher.get_error())}")
         elapsed = time.perf_counter() - started

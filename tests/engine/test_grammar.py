@@ -3,6 +3,8 @@ sequence's matcher follows its own tokens."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from loraserve.engine import grammar
@@ -42,6 +44,8 @@ def test_a_spec_is_built_once_and_its_copies_advance_apart(compiler, loaded_mode
         (lambda: StructuredOutput.regex("a" * (MAX_GRAMMAR_CHARS + 1), "structured_outputs.regex"),
          "structured_outputs.regex", "at most"),
         (lambda: StructuredOutput.choice([], "structured_outputs.choice"), "structured_outputs.choice", "non-empty"),
+        (lambda: StructuredOutput.json_schema(json.loads('{"items":' * 300 + "{}" + "}" * 300), "response_format"),
+         "response_format", "recursion limit"),
     ],
 )  # fmt: skip
 def test_what_cannot_be_built_is_refused_naming_the_field(compiler, spec, field, message):

@@ -32,12 +32,21 @@ import torch
 import xgrammar
 
 from benchmarks.engines import engine_over
-from benchmarks.report import add_model_flags, add_report_flags, machine_description, model_config_of, write_section
+from benchmarks.report import (
+    add_model_flags,
+    add_report_flags,
+    machine_description,
+    median_spread,
+    model_config_of,
+    reproduce_command,
+    write_section,
+)
 from benchmarks.workloads import chat_workload
 from loraserve import LLM, SamplingParams
 from loraserve.engine.chat import chat_prompt_ids
 from loraserve.engine.grammar import JSON_OPTIONS, GrammarCompiler
 from loraserve.engine.structured_output import StructuredOutput
+from loraserve.engine.token_masks import allowed_tokens
 from loraserve.models import load_model
 from loraserve.models.dtypes import dtype_name
 
@@ -183,12 +192,11 @@ def mask_time(library: Library, schemas: list[dict[str, Any]], rows: int, batche
     grammars = [library.compile(json.dumps(entry["schema"])) for entry in schemas]
     matchers = [library.matcher(grammars[i % len(grammars)]) for i in range(rows)]
     bitmask, rng, spent = library.bitmask(rows), random.Random(0), 0.0
-    bits = torch.tensor([1 << b for b in range(32)], dtype=torch.int64)
     for _ in range(steps):
         started = time.perf_counter()
         (library.fill_batch if batched else library.fill_rows)(matchers, bitmask)
         spent += time.perf_counter() - started
-        allowed = ((bitmask.to(torch.int64) & 0xFFFFFFFF).unsqueeze(-1) & bits != 0).flatten(1)[:, : library.vocab]
+        allowed = allowed_tokens(bitmask, library.vocab)
         for i, matcher in enumerate(matchers):
             choices = allowed[i].nonzero().flatten()
             library.accept(matcher, int(choices[rng.randrange(len(choices))]))
@@ -294,7 +302,7 @@ def main() -> None:
     )
     body = f"""## Structured output
 
-Command: `python -m benchmarks.bench_structured`. Machine: {machine_description(args.device)}.
+Command: `{reproduce_command("benchmarks.bench_structured")}`. Machine: {machine_description(args.device)}.
 Model: the default SmolLM2-135M-Instruct in {dtype_name(loaded.dtype)}, vocabulary {vocab} tokens.
 
 ### The grammar libraries: xgrammar against llguidance
@@ -333,8 +341,8 @@ while the forward pass runs.
 
 | run | tok/s, median of {args.repeats} (min-max) |
 |---|---:|
-| half the rows constrained | {_spread([w for w, _, _ in runs])} |
-| no grammar | {_spread([wo for _, wo, _ in runs])} |
+| half the rows constrained | {median_spread([w for w, _, _ in runs])} |
+| no grammar | {median_spread([wo for _, wo, _ in runs])} |
 | ratio (target >= 0.9) | {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |
 
 ### A first constrained request's wait
@@ -346,10 +354,6 @@ while the forward pass runs.
   schema's hash), and each request's matcher is a copy of the built one.
 """
     write_section(args.output, SECTION, body)
-
-
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
 
 
 if __name__ == "__main__":

@@ -337,8 +337,7 @@ class Scheduler:
             if reason is not None:
                 self.costs.observe_finished(seq.num_output_tokens)
                 self._finish(seq, reason, now)
-            if seq.request.error is None:
-                touched[seq.request.request_id] = seq.request
+            touched[seq.request.request_id] = seq.request
         return list(touched.values())
 
     def take_failed(self) -> list[Request]:

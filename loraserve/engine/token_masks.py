@@ -31,7 +31,7 @@ class StepMasks:
         """`logits` ([rows, vocab] float32) with every token a row may not sample at -inf (a new tensor)."""
         logits, banned = logits.clone(), dict(self.banned)
         if self.bitmask is not None:
-            allowed = _unpacked(self.bitmask, logits.shape[1])
+            allowed = allowed_tokens(self.bitmask, logits.shape[1])
             for i, row in enumerate(self.grammar_rows):
                 if row in banned:
                     _ban_unless_nothing_left(allowed[i], banned.pop(row))
@@ -86,8 +86,8 @@ def _before_min_tokens(seq: Sequence) -> bool:
 _BITS = torch.ones(BITS, dtype=torch.int32) << torch.arange(BITS, dtype=torch.int32)  # bit 31 is int32's sign
 
 
-def _unpacked(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[rows, words] int32 -> [rows, vocab] bool."""
+def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A bitmask as llguidance and xgrammar write it, [rows, words] int32 -> [rows, vocab] bool."""
     return ((bitmask.unsqueeze(-1) & _BITS) != 0).flatten(1)[:, :vocab]
 
 

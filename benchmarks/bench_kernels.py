@@ -13,8 +13,8 @@ one segment. A decode step's rows come sorted by adapter, so 64 rows over 32 ada
 LoRA shrink and expand move far more bytes than they compute (a rank-16 adapter does 32
 flops per weight it reads), so the yardstick is memory bandwidth. Bytes counted are the
 fewest a launch must move: x (or y), the rows of every distinct adapter once, and the
-output (the expand reads and writes it); the shrink's split-K partials, which the expand
-sums as it reads them, are overhead and not counted. Peak is measured, not taken from a
+output (the expand reads and writes it); the shrink's split-K partials, which its last split
+sums, are overhead and not counted. Peak is measured, not taken from a
 datasheet: a large device-to-device copy, bytes read plus written. Each case is checked
 against the torch reference before it is timed. Kernel times are medians of CUDA-graph
 replays (`do_bench_cudagraph`: the GPU's time, without Python's launch gaps), once with warm
@@ -49,6 +49,7 @@ from sgmv_kernels import (
 )
 from sgmv_kernels.launch import DEFAULT, ExpandShape, LaunchShapes, ShrinkShape, forced, shapes_for, write_tuned
 from sgmv_kernels.layout import PooledLora, row_alignment
+from sgmv_kernels.shrink import k_splits
 
 SECTION = "kernels-gpu"
 PAIRS = [2] * 32  # a decode step of 64 rows over 32 adapters, sorted by adapter
@@ -149,8 +150,8 @@ def engine_group(pooled: list[PooledLora]) -> tuple[torch.Tensor, ...]:
 
 
 def launches(case: Case, p: Prepared, out: torch.Tensor):
-    """(shrink, expand, partials): the two launches as callables; expand reads the partials of one
-    shrink and adds to `out`."""
+    """(shrink, expand, y): the two launches as callables; expand reads the y of one shrink and adds
+    to `out`."""
     pool, a_rows, b_rows, ranks, scales = p.group
     longest = max(case.rows_per_adapter) if case.prompt else None
     busy = None if case.prompt else len(case.rows_per_adapter)  # as the engine tells a graph's kernels
@@ -159,25 +160,25 @@ def launches(case: Case, p: Prepared, out: torch.Tensor):
         tables = (pool, a_rows, ranks, p.indptr, p.seg_slots, longest)
         return sgmv_shrink_group(p.x, *tables, row_alignment=p.alignment, busy_segments=busy)
 
-    partials = run_shrink()
+    y = run_shrink()
 
     def run_expand() -> None:
-        tables = (pool, b_rows, ranks, scales, p.indptr, p.seg_slots, out, case.widths, longest, p.alignment)
-        sgmv_expand_group(partials, *tables)
+        tables = (pool, b_rows, ranks, scales, p.indptr, p.seg_slots, out, case.widths, longest, p.alignment, busy)
+        sgmv_expand_group(y, *tables)
 
-    return run_shrink, run_expand, partials
+    return run_shrink, run_expand, y
 
 
 def checked_launches(case: Case, p: Prepared, dtype: torch.dtype) -> tuple[Callable, Callable, torch.Tensor]:
     """The case's two launches, after checking what they compute against the torch reference."""
     out = p.out.clone()
-    run_shrink, run_expand, partials = launches(case, p, out)
+    run_shrink, run_expand, y = launches(case, p, out)
     tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype != torch.float32 else {"atol": 1e-4, "rtol": 1e-4}
     for projection, y_ref in enumerate(p.y_ref):  # every row has an adapter of the pool's full rank
-        torch.testing.assert_close(partials[:, projection].sum(0).cpu(), y_ref, **tolerance)
+        torch.testing.assert_close(y[projection].cpu(), y_ref, **tolerance)
     run_expand()
     torch.testing.assert_close(out.cpu(), p.out_ref, **tolerance)
-    return run_shrink, run_expand, partials
+    return run_shrink, run_expand, y
 
 
 class ColdTimer:
@@ -218,7 +219,7 @@ class ColdTimer:
 def bench_case(case: Case, p: Prepared, dtype: torch.dtype, peak: float, cold: ColdTimer) -> dict[str, float]:
     from triton.testing import do_bench, do_bench_cudagraph
 
-    run_shrink, run_expand, partials = checked_launches(case, p, dtype)
+    run_shrink, run_expand, _ = checked_launches(case, p, dtype)
     timings = {
         "shrink": do_bench_cudagraph(run_shrink, rep=100, return_mode="median"),
         "expand": do_bench_cudagraph(run_expand, rep=100, return_mode="median"),
@@ -235,7 +236,10 @@ def bench_case(case: Case, p: Prepared, dtype: torch.dtype, peak: float, cold: C
         + y_bytes,
         "expand": y_bytes + adapters * case.rank * out_features * item + 2 * x_rows * out_features * item,
     }
-    result = {"rows": x_rows, "adapters": adapters, "splits": partials.shape[0]}
+    longest = max(case.rows_per_adapter) if case.prompt else None
+    busy = None if case.prompt else len(case.rows_per_adapter)
+    splits = k_splits(p.x, p.group[1], p.seg_slots, longest, busy)[0]
+    result = {"rows": x_rows, "adapters": adapters, "splits": splits}
     for op, when in itertools.product(("shrink", "expand"), ("", "_cold")):
         seconds = timings[op + when] * 1e-3
         result[f"{op}{when}_us"] = seconds * 1e6
@@ -246,9 +250,9 @@ def bench_case(case: Case, p: Prepared, dtype: torch.dtype, peak: float, cold: C
 
 SHRINK_GRID = [
     ShrinkShape(block_k, waves, warps, stages)
-    for block_k, waves, warps, stages in itertools.product([64, 128, 256], [4, 8, 16], [2, 4], [2, 3, 4])
+    for block_k, waves, warps, stages in itertools.product([128, 256], [1, 2, 4], [2, 4], [3])
 ]
-EXPAND_GRID = [ExpandShape(columns, warps) for columns, warps in itertools.product([128, 256, 512], [2, 4, 8])]
+EXPAND_GRID = [ExpandShape(*shape) for shape in itertools.product([128, 256], [4, 8], [4, 16, 64], [True, False])]
 
 
 def layer_cold_us(shapes: LaunchShapes, decode: list[tuple[Case, Prepared]], cold: ColdTimer) -> float | None:
@@ -302,7 +306,7 @@ def render(results: list[tuple[Case, str, dict[str, float]]], peak: float, comma
         "adapters of one rank scattered in a pool: decode rows sorted by adapter (64 rows over 32 adapters: "
         "segments of 2, laid out as a CUDA graph's tables are, a segment per row with the unused ones empty), "
         "or a row per adapter (BGMV), or prompts (SGMV). Bytes: x or y, each adapter's rows "
-        "once, and the output (read and written by the expand); the split-K partials the expand sums are not "
+        "once, and the output (read and written by the expand); the split-K partials the shrink sums are not "
         "counted. Medians of CUDA-graph replays, with warm caches and cold (L2 flushed before each launch, "
         "as in a decode step); correctness against the torch reference checked first.",
         "",

@@ -6,7 +6,7 @@ a prompt, or decode rows sorted by adapter); `row_slots` the BGMV form (any row 
 segment per row). On CUDA the engine runs every step through `sgmv_shrink_group` /
 `sgmv_expand_group`: the projections that share an input (q/k/v, gate/up) in one shrink and
 one expand launch, each adapter read once per segment, the shrink's split-K partials summed
-by the expand as it reads them (two launches per group, nothing else). Adapter weights
+by the last split to finish (two launches per group, nothing else). Adapter weights
 are rows in one flat pool, found through per-slot row tables (layout.py). The engine's CPU
 path is the compiled kernel of native.py (one call per group of projections that share an
 input), and where no compiler is found `cpu.grouped_lora` over dense stacks of the running
@@ -33,6 +33,7 @@ from sgmv_kernels.shrink import (
     bgmv_shrink_reference,
     sgmv_shrink,
     sgmv_shrink_group,
+    sgmv_shrink_output,
     sgmv_shrink_reference,
 )
 
@@ -52,6 +53,7 @@ __all__ = [
     "sgmv_expand_reference",
     "sgmv_shrink",
     "sgmv_shrink_group",
+    "sgmv_shrink_output",
     "sgmv_shrink_reference",
 ]
 

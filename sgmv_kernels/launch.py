@@ -31,8 +31,10 @@ class ShrinkShape:
 
 @dataclasses.dataclass(frozen=True)
 class ExpandShape:
-    column_block: int = 256  # output columns per program, a power of two >= 64
+    column_block: int = 256  # output columns per step of a program, a power of two >= 64
     num_warps: int = 4
+    waves: int = 4  # column blocks per program: as many as leave about this many programs per SM
+    decode_fma: bool = True  # a few rows' products on the CUDA cores, not in a 16-row tensor tile
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ Semantics (the torch references below are this pseudo-code made to run):
 Columns of y past a row's rank, and rows without an adapter, are zero. Work past an
 adapter's rank is skipped, so a rank-8 adapter costs a rank-8 product even beside a
 rank-128 one. The engine's form, `sgmv_shrink_group`, shrinks the projections that share x
-in one launch and leaves its split-K partials for the expand to sum (expand.py).
+in one launch; where K is split over programs, the last split to finish sums the partials.
 
 Shapes: x [T, H_in] float32/bfloat16/float16; pool [N] same dtype; a_rows [num_slots,
 max_rank] int64; ranks, seg_slots, row_slots int32; seg_indptr [num_segments + 1] int32;
@@ -74,17 +74,19 @@ def _dot(a, b, TENSOR_CORES: tl.constexpr):
 
 @triton.jit
 def _shrink_kernel(
-    x_ptr, pool_ptr, a_rows_ptr, partials_ptr, ranks_ptr, indptr_ptr, slots_ptr,
-    hidden, k_per_split, num_n_blocks, num_m_programs, stride_x, stride_rows, stride_proj_rows, stride_proj_ranks,
-    stride_split, stride_proj_out, stride_out,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TENSOR_CORES: tl.constexpr,
-    ROW_ALIGNMENT: tl.constexpr,
+    x_ptr, pool_ptr, a_rows_ptr, partials_ptr, y_ptr, counters_ptr, ranks_ptr, indptr_ptr, slots_ptr,
+    hidden, k_per_split, num_splits, num_n_blocks, num_m_programs, stride_x, stride_rows, stride_proj_rows,
+    stride_proj_ranks, stride_split, stride_proj_out, stride_out,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+    TENSOR_CORES: tl.constexpr, ROW_ALIGNMENT: tl.constexpr,
 ):  # fmt: skip
-    # grid: (num_segments * num_m_programs, projections * cdiv(max_rank, BLOCK_N), split_k); a
+    # grid: (num_segments * num_m_programs, projections * cdiv(max_rank, BLOCK_N), num_splits); a
     # segment's row blocks are dealt round-robin over its num_m_programs programs. A program reads its
     # adapter's A tile once for the whole segment (its rows share the adapter: decode rows sorted
-    # by adapter, or a prompt), sums its K range and writes its own partial; the expand adds the
-    # partials up. Projections that share x (q/k/v, gate/up) go in one launch.
+    # by adapter, or a prompt) and sums its K range. Projections that share x (q/k/v, gate/up) go in
+    # one launch. With K split, each split writes its partial; the last of a tile's splits to finish
+    # (a counter) sums them all in split order, so y does not depend on scheduling, unlike atomic
+    # adds, and the expand reads one y.
     segment = tl.program_id(0) // num_m_programs
     m_first = (tl.program_id(0) % num_m_programs) * BLOCK_M
     projection = tl.program_id(1) // num_n_blocks
@@ -95,13 +97,14 @@ def _shrink_kernel(
     slot = tl.load(slots_ptr + segment)
     a_rows_ptr += projection * stride_proj_rows
     rank = tl.load(ranks_ptr + projection * stride_proj_ranks + tl.maximum(slot, 0))
-    if slot >= 0 and n_start < rank:
+    if slot >= 0 and n_start < rank and row_start < row_end:
         offs_n = n_start + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         a_offsets = tl.load(a_rows_ptr + slot * stride_rows + offs_n, mask=offs_n < rank, other=0)
         a_offsets = tl.multiple_of(a_offsets, ROW_ALIGNMENT)  # lets rows load in wide vectors
         a_cols = pool_ptr + a_offsets[None, :]  # A^T tile: [BLOCK_K, BLOCK_N], a column per rank row
-        out_ptr = partials_ptr + split * stride_split + projection * stride_proj_out
+        y_ptr += projection * stride_proj_out
+        partials_ptr += projection * stride_proj_out
         k_begin = split * k_per_split
         for m_start in range(row_start + m_first, row_end, num_m_programs * BLOCK_M):
             offs_m = m_start + tl.arange(0, BLOCK_M)
@@ -114,26 +117,70 @@ def _shrink_kernel(
                 )  # fmt: skip
                 a_tile = tl.load(a_cols + k[:, None], mask=(offs_n[None, :] < rank) & (k[:, None] < hidden), other=0.0)
                 acc += _dot(x_tile, a_tile, TENSOR_CORES)
-            tl.store(
-                out_ptr + offs_m[:, None] * stride_out + offs_n[None, :],
-                acc,
-                mask=(offs_m[:, None] < row_end) & (offs_n[None, :] < rank),
-            )
+            tile = offs_m[:, None] * stride_out + offs_n[None, :]
+            mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < rank)
+            if num_splits == 1:
+                tl.store(y_ptr + tile, acc, mask=mask)
+            else:
+                tl.store(partials_ptr + split * stride_split + tile, acc, mask=mask)
+        if num_splits > 1:
+            counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            tl.debug_barrier()  # every thread's partial stored before the counter says so
+            if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:  # the last split: sum them all
+                splits = tl.arange(0, SPLITS)
+                for m_start in range(row_start + m_first, row_end, num_m_programs * BLOCK_M):
+                    offs_m = m_start + tl.arange(0, BLOCK_M)
+                    tile = offs_m[:, None] * stride_out + offs_n[None, :]
+                    mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < rank)
+                    parts = tl.load(
+                        partials_ptr + splits[:, None, None] * stride_split + tile[None, :, :],
+                        mask=(splits[:, None, None] < num_splits) & mask[None, :, :], other=0.0, cache_modifier=".cg",
+                    )  # fmt: skip
+                    tl.store(y_ptr + tile, tl.sum(parts, axis=0), mask=mask)
+                tl.atomic_xchg(counter, 0)  # ready for the next launch (and CUDA graph replay)
+
+
+def k_splits(
+    x: torch.Tensor,
+    a_rows: torch.Tensor,
+    seg_slots: torch.Tensor,
+    max_segment_len: int | None,
+    busy_segments: int | None,
+) -> tuple[int, int]:
+    """(splits, K per split) of `sgmv_shrink_group`'s launch with these arguments."""
+    num_projections, _, max_rank = a_rows.shape
+    per_segment = row_programs(max_segment_len, BLOCK_M) * num_projections * triton.cdiv(max_rank, BLOCK_N)
+    shape = shapes_for(x.device).shrink
+    busy = (busy_segments or seg_slots.numel()) * per_segment
+    return _split_k(x.shape[1], busy, shape.block_k, shape.split_waves, x.device)
 
 
 def _split_k(hidden: int, programs: int, block_k: int, waves: int, device: torch.device) -> tuple[int, int]:
     """(splits, K per split): enough programs for about `waves` waves over the GPU's SMs.
 
-    Each split sums its own K range into its own partial, added up afterwards in a fixed
-    order: the result does not depend on scheduling, unlike atomic adds.
+    Each split sums its own K range into its own partial; the last to finish adds them up in a
+    fixed order, all at once (so at most MAX_SPLITS of them).
     """
-    target = waves * _num_sms(device)
-    splits = max(1, min(-(-target // max(programs, 1)), triton.cdiv(hidden, block_k)))
+    target = waves * num_sms(device)
+    splits = max(1, min(-(-target // max(programs, 1)), triton.cdiv(hidden, block_k), MAX_SPLITS))
     k_per_split = triton.cdiv(triton.cdiv(hidden, splits), block_k) * block_k
     return triton.cdiv(hidden, k_per_split), k_per_split
 
 
-def _num_sms(device: torch.device) -> int:
+MAX_SPLITS = 32
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per output tile, that every launch leaves zeroed again: kept per
+    device for good (a CUDA graph holds their address), grown by a new tensor when too few."""
+    counters = _counters.get(device)
+    if counters is None or counters.numel() < count:
+        counters = _counters[device] = torch.zeros(max(count, 1 << 16), dtype=torch.int32, device=device)
+    return counters
+
+
+def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 1  # the interpreter on the CPU: no waves to fill
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -155,37 +202,46 @@ def sgmv_shrink_group(
     zeroed: bool = False,
     row_alignment: int = 1,
     busy_segments: int | None = None,
+    y: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The shrink of P projections that share x, in one launch: a_rows [P, num_slots, max_rank],
-    ranks [P, num_slots] -> partials [splits, P, T, max_rank] float32, which `sgmv_expand_group`
-    sums as it reads them (no launch of its own). Entries past a row's rank and rows without an
-    adapter are left unwritten unless `zeroed`. `max_segment_len` (rows of the longest segment)
-    spreads a prompt's rows over programs; None (a CUDA graph's fixed grid) gives each segment
-    one program that loops over its rows, which suits decode's short segments. `row_alignment`:
-    a promise that every offset in a_rows is a multiple of it (layout.row_alignment).
-    `busy_segments`: how many segments hold rows, for sizing the K split, where a CUDA graph's
-    tables have a segment per row of its bucket and most stay empty (default: all of them)."""
+    ranks [P, num_slots] -> y [P, T, max_rank] float32 (written into `y` when given: see
+    `sgmv_shrink_output`), what `sgmv_expand_group` reads. Entries
+    past a row's rank and rows without an adapter are left unwritten unless `zeroed`.
+    `max_segment_len` (rows of the longest segment) spreads a prompt's rows over programs; None (a
+    CUDA graph's fixed grid) gives each segment one program that loops over its rows, which suits
+    decode's short segments. `row_alignment`: a promise that every offset in a_rows is a multiple
+    of it (layout.row_alignment). `busy_segments`: how many segments hold rows, for sizing the K
+    split, where a CUDA graph's tables have a segment per row of its bucket and most stay empty
+    (default: all of them)."""
     for p in range(a_rows.shape[0]):
         check_shrink(x, pool, a_rows[p], ranks[p], seg_slots, seg_indptr)
     num_projections, _, max_rank = a_rows.shape
     n_blocks, m_programs = triton.cdiv(max_rank, BLOCK_N), row_programs(max_segment_len, BLOCK_M)
-    per_segment = m_programs * num_projections * n_blocks
-    programs, busy_programs = seg_slots.numel() * per_segment, (busy_segments or seg_slots.numel()) * per_segment
+    programs = seg_slots.numel() * m_programs * num_projections * n_blocks
     shape = shapes_for(x.device).shrink
-    splits, k_per_split = _split_k(x.shape[1], busy_programs, shape.block_k, shape.split_waves, x.device)
-    allocate = torch.zeros if zeroed else torch.empty
-    partials = allocate(splits, num_projections, x.shape[0], max_rank, dtype=torch.float32, device=x.device)
+    splits, k_per_split = k_splits(x, a_rows, seg_slots, max_segment_len, busy_segments)
+    y = sgmv_shrink_output(x, a_rows) if y is None else y
+    if zeroed:
+        y.zero_()
     if x.shape[0] == 0 or programs == 0:
-        return partials
-    _shrink_kernel[(seg_slots.numel() * m_programs, num_projections * n_blocks, splits)](
-        x, pool, a_rows, partials, ranks, seg_indptr, seg_slots,
-        x.shape[1], k_per_split, n_blocks, m_programs, x.stride(0), a_rows.stride(1), a_rows.stride(0), ranks.stride(0),
-        partials.stride(0), partials.stride(1), partials.stride(2),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=shape.block_k,
+        return y
+    partials = torch.empty((splits if splits > 1 else 0, *y.shape), dtype=torch.float32, device=x.device)
+    grid = (seg_slots.numel() * m_programs, num_projections * n_blocks, splits)
+    _shrink_kernel[grid](
+        x, pool, a_rows, partials, y, _split_counters(x.device, grid[0] * grid[1]), ranks, seg_indptr, seg_slots,
+        x.shape[1], k_per_split, splits, n_blocks, m_programs, x.stride(0), a_rows.stride(1), a_rows.stride(0),
+        ranks.stride(0), partials.stride(0), y.stride(0), y.stride(1),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=shape.block_k, SPLITS=triton.next_power_of_2(splits),
         TENSOR_CORES=x.is_cuda and x.dtype != torch.float32, ROW_ALIGNMENT=row_alignment,
         num_warps=shape.num_warps, num_stages=shape.num_stages,
     )  # fmt: skip
-    return partials
+    return y
+
+
+def sgmv_shrink_output(x: torch.Tensor, a_rows: torch.Tensor) -> torch.Tensor:
+    """An uninitialised y [P, T, max_rank] float32 for `sgmv_shrink_group` of a_rows [P, slots, max_rank]."""
+    return torch.empty(a_rows.shape[0], x.shape[0], a_rows.shape[2], dtype=torch.float32, device=x.device)
 
 
 def sgmv_shrink(
@@ -199,8 +255,7 @@ def sgmv_shrink(
 ) -> torch.Tensor:
     """y [T, max_rank] float32, zero past each row's rank and on rows without an adapter."""
     tables = (a_rows.unsqueeze(0), ranks.unsqueeze(0))
-    partials = sgmv_shrink_group(x, pool, *tables, seg_indptr, seg_slots, max_segment_len, zeroed=True)
-    return partials.sum(0)[0] if partials.shape[0] > 1 else partials[0, 0]
+    return sgmv_shrink_group(x, pool, *tables, seg_indptr, seg_slots, max_segment_len, zeroed=True)[0]
 
 
 def bgmv_shrink(

@@ -32,13 +32,14 @@ from loraserve.lora.dora_rows import PooledDoraRows
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
 from loraserve.models.llama import KVCache, LlamaForCausalLM
+from sgmv_kernels.expand import DECODE_SEGMENT_ROWS
 
 logger = logging.getLogger(__name__)
 
-# A graph's kernels give each segment one program per column block, which loops over its rows: a
-# longer run of one adapter is cut into segments of this many rows (the kernels' row tile), so
-# 64 rows of one adapter keep four programs busy, not one looping four times.
-SEGMENT_ROWS = 16
+# A graph's kernels give each segment one program per column chunk, which loops over its rows: a
+# longer run of one adapter is cut into segments of the expand's decode row tile, so 64 rows of
+# one adapter keep sixteen programs busy (reading the adapter from L2), not one looping.
+SEGMENT_ROWS = DECODE_SEGMENT_ROWS
 
 
 def batch_buckets(max_rows: int) -> list[int]:

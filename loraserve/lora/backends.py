@@ -6,11 +6,13 @@
   rows regrouped by adapter, dense stacks of the running adapters reused across steps.
 - `TritonLora`: CUDA (and the Triton interpreter in tests): one shrink and one expand
   launch per group of projections, each segment's adapter read once.
-Each plans once per step (`plan`) and is called at every adapted projection group (`add`).
+Each plans once per step (`plan`) and is called at every adapted projection group: `start`
+before the base model's product of that group (which it may run beside), `add` after it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ import torch
 from loraserve.lora.residency import NO_ADAPTER
 from loraserve.lora.slots import AdapterSlots
 from loraserve.lora.stacked import StackedLora
-from sgmv_kernels import column_block, sgmv_expand_group, sgmv_shrink_group
+from sgmv_kernels import column_block, sgmv_expand_group, sgmv_shrink_group, sgmv_shrink_output
 from sgmv_kernels.cpu import RowGroups, grouped_lora
 from sgmv_kernels.native import LoraKernel, RowChunks, load_kernel
 
@@ -38,14 +40,30 @@ class LoraBackend(Protocol):
     def plan(self, slots: AdapterSlots, lengths: list[int], slot_ids: list[int]) -> object:
         """What `add` needs of this step's rows, worked out once per step (not per layer)."""
 
+    def start(self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor) -> object:
+        """What needs x alone (the shrink), launched before the base product of `projections`; `add` takes it."""
+
     def add(
-        self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor
+        self,
+        batch: LoraBatch,
+        layer: int,
+        projections: tuple[str, ...],
+        x: torch.Tensor,
+        out: torch.Tensor,
+        started: object,
     ) -> None:
         """out [T, widths] += LoRA(x [T, in_features]) of `projections`, side by side in `out`."""
 
 
+class _CpuLora:
+    """The CPU backends do all their work in `add`."""
+
+    def start(self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor) -> object:
+        return None
+
+
 @dataclass(frozen=True)
-class CompiledCpuLora:
+class CompiledCpuLora(_CpuLora):
     kernel: LoraKernel
     name: str = "compiled CPU kernel"
 
@@ -53,7 +71,13 @@ class CompiledCpuLora:
         return RowChunks.of_segments(lengths, slot_ids)
 
     def add(
-        self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor
+        self,
+        batch: LoraBatch,
+        layer: int,
+        projections: tuple[str, ...],
+        x: torch.Tensor,
+        out: torch.Tensor,
+        started: object,
     ) -> None:
         assert isinstance(batch.plan, RowChunks)
         self.kernel.add(x, batch.slots.projection_group(layer, projections), batch.plan, out)
@@ -66,7 +90,7 @@ class GroupedRows:
 
 
 @dataclass(frozen=True)
-class TorchCpuLora:
+class TorchCpuLora(_CpuLora):
     name: str = "torch (no compiled kernel)"
 
     def plan(self, slots: AdapterSlots, lengths: list[int], slot_ids: list[int]) -> GroupedRows:
@@ -76,12 +100,27 @@ class TorchCpuLora:
         return GroupedRows(groups, slots.stacked(distinct))
 
     def add(
-        self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor
+        self,
+        batch: LoraBatch,
+        layer: int,
+        projections: tuple[str, ...],
+        x: torch.Tensor,
+        out: torch.Tensor,
+        started: object,
     ) -> None:
         assert isinstance(batch.plan, GroupedRows)
         stacks = batch.plan.stacked.weights(layer, projections, batch.slots.layers[layer])
         if stacks is not None:  # None: no running adapter adapts these projections
             grouped_lora(x, *stacks, batch.plan.groups, out)
+
+
+@dataclass(frozen=True)
+class ShrunkGroup:
+    """A projection group's shrink, launched: y per launch (the group at once, or its projections one
+    by one where no launch can share them), and the stream it runs on when that is not the step's."""
+
+    launches: list[tuple[slice, list[int], torch.Tensor]]  # (projections, their widths, y)
+    stream: torch.cuda.Stream | None
 
 
 @dataclass(frozen=True)
@@ -91,24 +130,58 @@ class TritonLora:
     def plan(self, slots: AdapterSlots, lengths: list[int], slot_ids: list[int]) -> object:
         return None  # the segments are all it needs
 
-    def add(
-        self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor
-    ) -> None:
+    def start(self, batch: LoraBatch, layer: int, projections: tuple[str, ...], x: torch.Tensor) -> ShrunkGroup:
+        """The shrink. While a CUDA graph is captured it goes on a side stream, so a replay runs it
+        beside the base model's product, which seldom fills the GPU at decode sizes (eagerly the
+        host's launches are the bottleneck, and the streams' events would add to them)."""
         group = batch.slots.projection_group(layer, projections)
         widths = [batch.slots.shapes[projection][1] for projection in projections]
-        segments, longest = (batch.seg_indptr, batch.seg_slots), batch.max_segment_len
         launches = [(slice(None), widths)]  # the group at once, or (widths no launch can share) one by one
         if column_block(widths) is None:
             launches = [(slice(p, p + 1), [width]) for p, width in enumerate(widths)]
+        ys = [sgmv_shrink_output(x, group.a_rows[chosen]) for chosen, _ in launches]  # on the step's stream
+        stream = _side_stream(x.device) if x.is_cuda and torch.cuda.is_current_stream_capturing() else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for (chosen, _), y in zip(launches, ys, strict=True):
+                a_tables = (group.pool, group.a_rows[chosen], group.ranks[chosen], batch.seg_indptr, batch.seg_slots)
+                alignment, busy = group.row_alignment, batch.busy_segments
+                sgmv_shrink_group(x, *a_tables, batch.max_segment_len, False, alignment, busy, y)
+        return ShrunkGroup([(chosen, w, y) for (chosen, w), y in zip(launches, ys, strict=True)], stream)
+
+    def add(
+        self,
+        batch: LoraBatch,
+        layer: int,
+        projections: tuple[str, ...],
+        x: torch.Tensor,
+        out: torch.Tensor,
+        started: object,
+    ) -> None:
+        assert isinstance(started, ShrunkGroup)
+        if started.stream is not None:
+            torch.cuda.current_stream(x.device).wait_stream(started.stream)
+        group = batch.slots.projection_group(layer, projections)
+        segments, longest = (batch.seg_indptr, batch.seg_slots), batch.max_segment_len
         column = 0
-        for chosen, launch_widths in launches:
-            a_tables = (group.pool, group.a_rows[chosen], group.ranks[chosen])
-            alignment, busy = group.row_alignment, batch.busy_segments
-            partials = sgmv_shrink_group(x, *a_tables, *segments, longest, row_alignment=alignment, busy_segments=busy)
+        for chosen, launch_widths, y in started.launches:
             b_tables = (group.pool, group.b_rows[chosen], group.ranks[chosen], group.scales[chosen])
             columns = slice(column, column + sum(launch_widths))
-            sgmv_expand_group(partials, *b_tables, *segments, out[:, columns], launch_widths, longest, alignment)
+            sgmv_expand_group(
+                y, *b_tables, *segments, out[:, columns], launch_widths, longest, group.row_alignment,
+                batch.busy_segments,
+            )  # fmt: skip
             column = columns.stop
+
+
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _side_streams:
+        _side_streams[device] = torch.cuda.Stream(device)
+    return _side_streams[device]
 
 
 def choose_backend(device: str, dtype: torch.dtype, kernel_dir: Path) -> LoraBackend:

@@ -58,11 +58,21 @@ class LoraBatch:
             ),
         )
 
-    def add(self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None:
+    def start(self, layer: int, projections: tuple[str, ...], x: torch.Tensor) -> object:
+        """What the LoRA of `projections` needs of x alone, started before the base model's product
+        (on CUDA, the shrink, which a graph replays beside that product); hand it to `add`."""
+        return self.backend.start(self, layer, projections, x)
+
+    def add(
+        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor, started: object = None
+    ) -> None:
         """out [T, widths] += LoRA(x [T, in_features]) with each row's adapter, in place. `projections`
         share the input x and their outputs lie side by side in `out` (q/k/v, gate/up), or it is one.
-        Rows of DoRA adapters then scale base and delta together."""
-        self.backend.add(self, layer, projections, x, out)
+        `started`: what `start` returned for them (None: started here). Rows of DoRA adapters then
+        scale base and delta together."""
+        if started is None:
+            started = self.start(layer, projections, x)
+        self.backend.add(self, layer, projections, x, out, started)
         if self.dora is not None:
             self.dora.apply(layer, projections, out)
 

@@ -24,9 +24,14 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hk
 
 
 class LoraDelta(Protocol):
-    """What the model needs of LoRA: add each row's adapter delta at a projection (lora/batch.py)."""
+    """What the model needs of LoRA: add each row's adapter delta at a projection (lora/batch.py),
+    started before the projection's own product so that it may run beside it."""
 
-    def add(self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor) -> None: ...
+    def start(self, layer: int, projections: tuple[str, ...], x: torch.Tensor) -> object: ...
+
+    def add(
+        self, layer: int, projections: tuple[str, ...], x: torch.Tensor, out: torch.Tensor, started: object = None
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -72,9 +77,10 @@ def project(
     linear: Linear, x: torch.Tensor, lora: LoraDelta | None, layer: int, projections: tuple[str, ...]
 ) -> torch.Tensor:
     """linear(x), plus each row's adapter delta at these projections (fused in `linear` in this order)."""
+    started = lora.start(layer, projections, x) if lora is not None else None
     out = linear(x)
     if lora is not None:
-        lora.add(layer, projections, x, out)
+        lora.add(layer, projections, x, out, started)
     return out
 
 

@@ -124,7 +124,7 @@ def group_of(pooled: list[PooledLora]) -> tuple[torch.Tensor, ...]:
 )
 def test_a_projection_group_in_one_launch_equals_each_projection_alone(dtype, widths, lengths, slots, longest):
     """The engine's form: a segment's rows share their adapter (decode rows sorted by adapter, or a
-    prompt); the expand sums the shrink's split-K partials as it reads them. A segment's rows go to
+    prompt); the last of a tile's K splits sums them for the expand. A segment's rows go to
     one program (CUDA graphs) or are spread over several (given the longest segment)."""
     check_group_launch(dtype, widths, lengths, slots, "cpu", longest)
 
@@ -143,14 +143,21 @@ def test_a_projection_group_on_cuda_equals_each_projection_alone(dtype, widths):
 
 # Launch shapes unlike the defaults at both ends of the sweep's grid (benchmarks/bench_kernels.py).
 OTHER_SHAPES = [
-    LaunchShapes(ShrinkShape(block_k=256, split_waves=16, num_warps=4, num_stages=4), ExpandShape(512, 8)),
-    LaunchShapes(ShrinkShape(block_k=128, split_waves=8, num_warps=2, num_stages=2), ExpandShape(128, 2)),
+    LaunchShapes(ShrinkShape(block_k=256, split_waves=16, num_warps=4, num_stages=4), ExpandShape(512, 8, 1)),
+    LaunchShapes(
+        ShrinkShape(block_k=128, split_waves=8, num_warps=2, num_stages=2), ExpandShape(128, 2, 16, decode_fma=False)
+    ),
 ]
 
 
 @pytest.mark.parametrize("shapes", OTHER_SHAPES, ids=["wide", "narrow"])
-def test_any_launch_shape_computes_the_same(shapes):
-    """A GPU's tuned shapes change how work is cut, never the result."""
+def test_any_launch_shape_computes_the_same(shapes, monkeypatch):
+    """A GPU's tuned shapes change how work is cut, never the result (K split over programs, and
+    several column blocks per expand program, as on a GPU of 8 SMs)."""
+    from sgmv_kernels import expand, shrink
+
+    monkeypatch.setattr(shrink, "num_sms", lambda device: 8)
+    monkeypatch.setattr(expand, "num_sms", lambda device: 8)
     check_group_launch(torch.float32, [1536, 1536], [2, 1, 3, 20], [0, 3, -1, 5], "cpu", None, shapes)
     check_group_launch(torch.bfloat16, [576, 192, 192], [2, 1, 3, 20], [0, 3, -1, 5], "cpu", 20, shapes)
 
@@ -170,17 +177,17 @@ def launch_group(dtype, widths, lengths, slots, device, longest):
     on_device = [t.to(device) for t in (*group_of(pooled), indptr, seg_slots, x, out)]
     pool, a_rows, b_rows, ranks, scales, indptr_d, slots_d, x_d, out_d = on_device
     aligned = row_alignment(*a_rows.flatten().tolist(), *b_rows.flatten().tolist())  # what the engine promises
-    partials = sgmv_shrink_group(x_d, pool, a_rows, ranks, indptr_d, slots_d, longest, True, aligned).cpu()
+    y = sgmv_shrink_group(x_d, pool, a_rows, ranks, indptr_d, slots_d, longest, True, aligned).cpu()
     tolerance = {"atol": TOLERANCE[dtype], "rtol": TOLERANCE[dtype]}
     for p, w in enumerate(pooled):
         want = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
-        torch.testing.assert_close(partials[:, p].sum(0), want, **tolerance)
+        torch.testing.assert_close(y[p], want, **tolerance)
     tables = (pool, b_rows, ranks, scales, indptr_d, slots_d, out_d, widths, longest, aligned)
-    sgmv_expand_group(partials.to(device), *tables)
+    sgmv_expand_group(y.to(device), *tables)
     column = 0
     for p, (w, width) in enumerate(zip(pooled, widths, strict=True)):
         part = expected[:, column : column + width]
-        sgmv_expand_reference(partials[:, p].sum(0), w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, part)
+        sgmv_expand_reference(y[p], w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, part)
         column += width
     torch.testing.assert_close(out_d.cpu(), expected, **tolerance)
 
@@ -206,10 +213,12 @@ def test_cpu_gathered_bgmv_equals_the_reference(dtype):
 
 def test_split_k_partials_sum_to_the_reference(monkeypatch):
     """As on a large GPU: few rows spread over many programs, each summing part of the hidden size;
-    the expand adds the partials up as it reads them, and leaves rows without an adapter alone."""
-    from sgmv_kernels import shrink
+    the last split of each tile adds the partials up (and leaves its counter at zero for the next
+    launch); the expand leaves rows without an adapter alone."""
+    from sgmv_kernels import expand, shrink
 
-    monkeypatch.setattr(shrink, "_num_sms", lambda device: 64)
+    monkeypatch.setattr(shrink, "num_sms", lambda device: 64)
+    monkeypatch.setattr(expand, "num_sms", lambda device: 64)
     gen = torch.Generator().manual_seed(11)
     w, _, _ = make_pool(6, 4096, 576, torch.float32, gen)
     assert shrink._split_k(4096, 8, 128, 4, torch.device("cpu"))[0] > 1
@@ -222,22 +231,23 @@ def test_split_k_partials_sum_to_the_reference(monkeypatch):
     expected = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
     torch.testing.assert_close(sgmv_shrink(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots), expected, **tolerance)
     indptr, seg_slots = make_segments([2, 1], [5, -1])
-    partials = sgmv_shrink_group(x, w.pool, w.a_rows[None], w.ranks[None], indptr, seg_slots)  # not zeroed
-    assert partials.shape[0] > 1
+    y = sgmv_shrink_group(x, w.pool, w.a_rows[None], w.ranks[None], indptr, seg_slots)  # not zeroed
+    assert torch.count_nonzero(shrink._counters[x.device]) == 0
     out = torch.randn(3, 576, generator=gen)
     expected = out.clone()
-    y = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
-    sgmv_expand_reference(y, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, expected)
-    sgmv_expand_group(partials, w.pool, w.b_rows[None], w.ranks[None], w.scales[None], indptr, seg_slots, out, [576])
+    y_ref = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
+    torch.testing.assert_close(y[0, :2, : w.ranks[5]], y_ref[:2, : w.ranks[5]], **tolerance)
+    sgmv_expand_reference(y_ref, w.pool, w.b_rows, w.ranks, w.scales, indptr, seg_slots, expected)
+    sgmv_expand_group(y, w.pool, w.b_rows[None], w.ranks[None], w.scales[None], indptr, seg_slots, out, [576])
     torch.testing.assert_close(out, expected, **tolerance)
     # A CUDA graph's tables: a segment per row, most empty; K is split for the busy ones.
     indptr, seg_slots = make_segments([2, 1, 0, 0, 0, 0, 0, 0], [5, 2] + [-1] * 6)
     expected = sgmv_shrink_reference(x, w.pool, w.a_rows, w.ranks, indptr, seg_slots)
     tables = (w.pool, w.a_rows[None], w.ranks[None], indptr, seg_slots)
-    sized_for_all = sgmv_shrink_group(x, *tables, zeroed=True)
-    sized_for_busy = sgmv_shrink_group(x, *tables, zeroed=True, busy_segments=2)
-    assert sized_for_busy.shape[0] > sized_for_all.shape[0]
-    torch.testing.assert_close(sized_for_busy.sum(0)[0], expected, **tolerance)
+    assert shrink._split_k(4096, 2 * 8, 128, 4, x.device)[0] > shrink._split_k(4096, 8 * 8, 128, 4, x.device)[0]
+    for busy in (None, 2):  # K split for all eight segments, or for the two that hold rows
+        y = sgmv_shrink_group(x, *tables, zeroed=True, busy_segments=busy)
+        torch.testing.assert_close(y[0], expected, **tolerance)
 
 
 def test_references_compute_the_lora_delta_at_each_rows_adapter():

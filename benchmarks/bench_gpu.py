@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed")
     parser.add_argument("--pool-gib", type=float, default=8.0, help="memory pool: KV blocks and adapters")
+    parser.add_argument("--modes", nargs="+", default=["graphs", "eager"], choices=["graphs", "eager"])
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
@@ -87,7 +88,7 @@ def main() -> None:
     rows: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_random_adapters(loaded.model.spec, args.adapters, Path(tmp), ranks=(args.rank,))
-        for graphs in (True, False):
+        for graphs in [mode == "graphs" for mode in args.modes]:
             engine = engine_over(
                 loaded, args.batch, max_loras=args.adapters, pool_bytes=int(args.pool_gib * 2**30),
                 enforce_eager=not graphs,

@@ -170,6 +170,25 @@ class LoraConfig(Settings):
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig(Settings):
+    """Speculative decoding: drafts verified in one step (engine/speculative.py)."""
+
+    speculative: str | None = setting(
+        None, "ngram = propose tokens by prompt lookup (what followed the sequence's last n-gram earlier in its "
+        "prompt and output) and verify them in one step; output unchanged (default: off)",
+        choices=("ngram",),
+    )  # fmt: skip
+    speculative_tokens: int = setting(4, "most draft tokens a sequence proposes per step", minimum=1, maximum=16)
+    ngram_min: int = setting(2, "shortest n-gram looked up", minimum=1)
+    ngram_max: int = setting(4, "longest n-gram looked up (the longest match wins)", minimum=1)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ngram_min > self.ngram_max:
+            raise ConfigError("--ngram-min", f"must be at most --ngram-max ({self.ngram_max}), got {self.ngram_min}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, one part per component."""
 
@@ -177,6 +196,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    speculation: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     seed: int = 0  # seeds the sampler of requests that carry no seed of their own
 
     @classmethod

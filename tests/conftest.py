@@ -17,7 +17,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from loraserve import LLM
-from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig, default_cache_dir
+from loraserve.config import (
+    CacheConfig,
+    EngineConfig,
+    LoraConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+    default_cache_dir,
+)
 from loraserve.engine import LLMEngine
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.default_model import default_model_dir
@@ -65,13 +73,20 @@ def make_llm(loaded_model: LoadedModel) -> EngineFactory:
     """An `LLM` over the shared float32 model with its own KV cache and scheduler settings."""
 
     def make(
-        num_pages: int = 512, max_loras: int = 0, max_lora_rank: int = 16, prefix_caching: bool = True, **scheduler: int
+        num_pages: int = 512,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
+        prefix_caching: bool = True,
+        speculative_tokens: int = 0,  # > 0: n-gram speculation with this K
+        **scheduler: int,
     ) -> LLM:
+        speculation = SpeculativeConfig("ngram", speculative_tokens) if speculative_tokens else SpeculativeConfig()
         config = EngineConfig(
             model=ModelConfig(dtype="float32"),
             cache=CacheConfig(num_pages=num_pages, prefix_caching=prefix_caching),
             scheduler=dataclasses.replace(SchedulerConfig(), **scheduler),
             lora=LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank),
+            speculation=speculation,
         )
         return LLM.from_engine(LLMEngine(config, loaded=loaded_model))
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from loraserve.engine.block_manager import BlockCopy
 from loraserve.engine.outputs import TokenLogprob
 from loraserve.engine.sequence import Sequence
+from loraserve.engine.speculative import DraftRow
 
 
 @dataclass
@@ -18,11 +19,28 @@ class ScheduledSequence:
     # Sequences that sample their next token from this row's logits: empty mid-prompt,
     # [seq] at the end of its tokens, [seq, *forks] when n > 1 siblings fork off the prompt.
     samplers: list[Sequence] = field(default_factory=list)
+    # Speculative decoding: tokens proposed after the sequence's pending one, computed with it in
+    # this step (num_new_tokens = 1 + len(drafts)); a token is sampled at each of those rows.
+    drafts: list[int] = field(default_factory=list)
 
     @property
     def start(self) -> int:
         """Position of the first token computed this step."""
         return self.seq.num_computed_tokens
+
+    @property
+    def input_token_ids(self) -> list[int]:
+        """The tokens this step computes: the sequence's next ones, then its drafts."""
+        end = self.start + self.num_new_tokens - len(self.drafts)
+        return self.seq.token_ids[self.start : end] + self.drafts
+
+    @property
+    def sampling_rows(self) -> list[Sequence | DraftRow]:
+        """Who samples from each of its rows that gives logits: its samplers from its last row, or with
+        drafts, the sequence from every row, as it stands after the drafts before that row."""
+        if self.drafts:
+            return [DraftRow(self.seq, self.drafts[:accepted]) for accepted in range(len(self.drafts) + 1)]
+        return list(self.samplers)
 
 
 @dataclass
@@ -55,14 +73,14 @@ class ScheduledBatch:
         )
 
     @property
-    def sampling_seqs(self) -> list[Sequence]:
-        """Every sequence that gets a token this step, in the order of `StepOutput`."""
-        return [sampler for item in self.scheduled for sampler in item.samplers]
+    def sampling_rows(self) -> list[Sequence | DraftRow]:
+        """Who samples each token of the step, in the order of `StepOutput`."""
+        return [row for item in self.scheduled for row in item.sampling_rows]
 
 
 @dataclass
 class StepOutput:
-    """The model runner's answer: one sampled token per `ScheduledBatch.sampling_seqs` entry."""
+    """The model runner's answer: one sampled token per `ScheduledBatch.sampling_rows` entry."""
 
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]

@@ -133,6 +133,12 @@ class BlockManager:
             self._release(block)
         seq.block_table = []
 
+    def trim(self, seq: Sequence) -> None:
+        """Release the blocks past the sequence's tokens (written by drafts it did not keep)."""
+        keep = self.blocks_for_tokens(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
+
     def _shared_block_to_write(self, seq: Sequence) -> int | None:
         """Index in the block table of an already-held, shared block the next token lands in."""
         index = seq.num_computed_tokens // self.block_size

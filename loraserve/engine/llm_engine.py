@@ -22,7 +22,8 @@ from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
 from loraserve.engine.sequence import Request, Sequence
-from loraserve.engine.stats import EngineStats, LoadTimes, ResidentAdapter
+from loraserve.engine.speculative import NgramProposer
+from loraserve.engine.stats import EngineStats, LoadTimes, ResidentAdapter, speculation_stats
 from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
@@ -60,7 +61,13 @@ class LLMEngine:
             self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching,
             reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV
         )  # fmt: skip
-        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.stop_checker, self.adapters)
+        speculation = config.speculation
+        proposer = None
+        if speculation.speculative == "ngram":
+            proposer = NgramProposer(speculation.speculative_tokens, speculation.ngram_min, speculation.ngram_max)
+        self.scheduler = Scheduler(
+            config.scheduler, self.block_manager, self.stop_checker, self.adapters, proposer=proposer
+        )
         self._requests: dict[str, Request] = {}
         self.num_failed_steps = 0  # steps in which some row raised (step_isolation.py)
         self.num_failed_requests = 0  # requests ended because scheduling or computing them raised
@@ -263,6 +270,7 @@ class LLMEngine:
             refused_late=self.scheduler.admission.num_refused_late,
             dropped_timed_out=self.scheduler.num_timed_out,
             predicted_queue_seconds=self.scheduler.predicted_queue_seconds(),
+            **speculation_stats(self.scheduler.speculation),
         )
 
     def reset_prefix_cache(self) -> None:
@@ -302,8 +310,10 @@ class LLMEngine:
         if ran.failures:
             self.num_failed_steps += 1
         else:  # what admission predicts with (step_costs.py)
-            prompt_tokens = sum(item.num_new_tokens for item in batch.prefills)
-            self.scheduler.costs.observe(len(batch.scheduled), prompt_tokens, time.perf_counter() - started)
+            drafts = sum(len(item.drafts) for item in batch.prefills)
+            prompt_tokens = sum(item.num_new_tokens for item in batch.prefills if not item.drafts)
+            seconds = time.perf_counter() - started
+            self.scheduler.costs.observe(len(batch.scheduled), prompt_tokens, seconds, drafts)
         for failure in ran.failures:
             request = failure.item.seq.request
             logger.error("request %r failed in a step: %r", request.request_id, failure.error, exc_info=failure.error)
@@ -394,4 +404,6 @@ def _timings(request: Request) -> RequestTimings:
         ttft=None if first is None else first - arrival,
         inter_token_latencies=[b - a for a, b in itertools.pairwise(main_times)],
         e2e=None if request.finished_time is None else request.finished_time - arrival,
+        draft_tokens=request.num_draft_tokens,
+        accepted_draft_tokens=request.num_accepted_draft_tokens,
     )

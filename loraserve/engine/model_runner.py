@@ -108,7 +108,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         """Forward and sample the batch; its block copies must be done (`copy_blocks`)."""
-        masks = self.token_masks.start(batch.sampling_seqs)  # computed while the forward pass runs
+        masks = self.token_masks.start(batch.sampling_rows)  # computed while the forward pass runs
         hidden, order = None, batch.decodes
         if self.decode_graphs is not None and not batch.prefills:
             # Rows of one adapter side by side: the LoRA kernels' programs that read its weights
@@ -125,7 +125,7 @@ class ModelRunner:
             logits_index = inputs.logits_index
         self.faults.check(batch)
         logits = self.model.lm_head(hidden.index_select(0, logits_index)).float()  # [S, vocab] float32
-        return self.sampler(logits, batch.sampling_seqs, None if masks is None else masks.result())
+        return self.sampler(logits, batch.sampling_rows, None if masks is None else masks.result())
 
     def decode_rows(self, decodes: list[ScheduledSequence]) -> DecodeRows:
         """The decodes row by row: a CUDA graph's inputs, or the first rows of an eager step."""
@@ -157,11 +157,14 @@ class ModelRunner:
             seq, start, end = item.seq, item.start, item.start + item.num_new_tokens
             chunk_positions = np.arange(start, end)
             table = np.asarray(seq.block_table)
-            input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(item.input_token_ids)
             positions.extend(chunk_positions.tolist())
             blocks.extend(table[chunk_positions // bs].tolist())
             offsets.extend((chunk_positions % bs).tolist())
-            logits_index.extend([len(input_ids) - 1] * len(item.samplers))
+            if item.drafts:  # logits at the pending token's row and every draft's
+                logits_index.extend(range(len(input_ids) - item.num_new_tokens, len(input_ids)))
+            else:
+                logits_index.extend([len(input_ids) - 1] * len(item.samplers))
         scheduled = batch.scheduled
         lora = LoraBatch.build(
             self.adapter_slots,

@@ -4,8 +4,10 @@ Order: penalties -> logit_bias -> logprobs (of that distribution) -> the step's 
 (grammars, min_tokens: what a row may not sample at all) -> greedy rows take the argmax;
 the other rows divide by temperature, cut to top-k and top-p, and sample by the
 exponential race (argmax of p / E with E ~ Exp(1)), which equals sampling from p and lets
-seeded rows draw their noise from their own generator. Logprobs come before the masks: a
-masked token's is the model's, not minus infinity.
+seeded rows draw their noise from a generator of their own, seeded by (seed, completion index,
+position): a seeded completion is the same however its tokens are grouped into steps, with or
+without speculative drafts. Logprobs come before the masks: a masked token's is the model's, not
+minus infinity.
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ from loraserve.engine.batch import StepOutput
 from loraserve.engine.outputs import TokenLogprob
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Sequence
+from loraserve.engine.speculative import DraftRow
 from loraserve.engine.token_masks import StepMasks
+
+SampledRow = Sequence | DraftRow  # a sequence, or one as it stands after some of its drafts
 
 
 class Sampler:
-    """Owns the random state of unseeded rows and each seeded sequence's generator."""
+    """Owns the random state of unseeded rows."""
 
     def __init__(self, seed: int, device: str) -> None:
         self._device = device
         self._generator = torch.Generator(device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], masks: StepMasks | None = None) -> StepOutput:
+    def __call__(self, logits: torch.Tensor, seqs: list[SampledRow], masks: StepMasks | None = None) -> StepOutput:
         """logits: [S, vocab] float32, row i for seqs[i]; `masks`: the tokens rows may not sample."""
         params = [seq.params for seq in seqs]
         if any(p.has_penalties for p in params):
@@ -47,7 +52,7 @@ class Sampler:
             logprobs = self._logprobs(scored, sampled, [p.logprobs for p in params])
         return StepOutput(token_ids=sampled, logprobs=logprobs)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, seqs: list[SampledRow]) -> torch.Tensor:
         """logits: [R, vocab] of the non-greedy rows -> [R] sampled token ids."""
         temperature = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
         logits = logits / temperature.unsqueeze(1)
@@ -60,14 +65,13 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_(generator=self._generator)
         for row, seq in enumerate(seqs):
             if seq.params.seed is not None:
-                if seq.rng is None:
-                    # Any int64 seed; manual_seed takes [0, 2**64), so wrap around.
-                    seq.rng = torch.Generator(self._device).manual_seed((seq.params.seed + seq.index) % 2**64)
-                noise[row].exponential_(generator=seq.rng)
+                # The token's own noise: int hashes are not salted, so runs agree; manual_seed takes [0, 2**64).
+                key = hash((seq.params.seed, seq.index, len(seq.token_ids))) % 2**64
+                noise[row].exponential_(generator=torch.Generator(self._device).manual_seed(key))
         return (probs / noise).max(dim=-1).indices
 
     @staticmethod
-    def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _apply_penalties(logits: torch.Tensor, seqs: list[SampledRow]) -> torch.Tensor:
         """OpenAI presence/frequency penalties over generated tokens; HF repetition penalty over all."""
         num_rows, vocab = logits.shape
         device = logits.device

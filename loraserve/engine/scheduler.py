@@ -9,6 +9,8 @@ longest cached prefix (block_manager.py), which takes nothing from the budget. A
 whose adapter is loading is passed over. When it waits because every adapter slot is busy, one
 resident adapter is drained: none of its new sequences is admitted until its running ones end, then
 its idle slot goes to the waiting adapter; a hot adapter cannot starve a cold one.
+With speculative decoding, a decoding sequence may compute its draft tokens with its pending one
+(speculative.py); the budget counts them, and they get blocks only where its own token fits first.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from loraserve.engine.outputs import (
     STEP_FAILED,
     TIMED_OUT,
     RequestError,
+    TokenLogprob,
 )
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
+from loraserve.engine.speculative import NgramProposer, SpeculationStats, accepted_prefix
 from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.lora.adapter_state import AdapterRecord, AdapterState
@@ -71,6 +75,7 @@ class Scheduler:
         stop_checker: StopChecker,
         adapters: AdapterResidency,
         clock: Callable[[], float] = time.monotonic,
+        proposer: NgramProposer | None = None,
     ) -> None:
         self.config = config
         self.adapters = adapters
@@ -92,6 +97,8 @@ class Scheduler:
         self.costs = StepCosts()  # the engine reports each step's time
         self.admission = Admission(config, self.costs, self.fair_share)
         self.num_timed_out = 0
+        self.proposer = proposer
+        self.speculation = SpeculationStats()
 
     def add_request(self, request: Request) -> None:
         """Queue the request behind those of its priority or better; OverloadedError if it would miss its TTFT."""
@@ -127,6 +134,7 @@ class Scheduler:
         self._yield_to_fair_share(max_running)
         chosen: list[tuple[Sequence, int]] = []
         copies: list[BlockCopy] = []
+        drafts: dict[int, list[int]] = {}  # by seq_id
         # Decodes first: a long prompt chunk must not hold back the token of every other user.
         queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed_tokens != 1))
         kept: list[Sequence] = []
@@ -144,6 +152,9 @@ class Scheduler:
                 self._preempt(seq)
                 preempted = True
                 continue
+            if num_new == 1 and (proposed := self._drafts(seq, budget)):
+                drafts[seq.seq_id] = proposed
+                num_new += len(proposed)
             kept.append(seq)
             try:
                 copies += self.block_manager.allocate(seq, num_new)
@@ -170,7 +181,29 @@ class Scheduler:
             if admitted is None:
                 break
             budget -= admitted
-        return self._build_batch(chosen, copies)
+        return self._build_batch(chosen, copies, drafts)
+
+    def _drafts(self, seq: Sequence, budget: int) -> list[int]:
+        """Draft tokens for a decoding sequence: as many as the budget, its max_tokens and the context
+        window leave after its pending token, and only where their blocks fit too."""
+        if self.proposer is None or seq.request.grammar is not None:  # a grammar would need a matcher per row
+            return []
+        room = min(
+            budget - 1,
+            seq.params.max_tokens - seq.num_output_tokens - 1,
+            self.stop_checker.max_model_len - seq.num_tokens - 1,
+        )
+        proposed = self.proposer.propose(seq, room, *self._token_and_draft_seconds()) if room > 0 else []
+        if proposed and not self.block_manager.can_allocate(seq, 1 + len(proposed)):
+            return []
+        return proposed
+
+    def _token_and_draft_seconds(self) -> tuple[float, float]:
+        """What a token of the running batch costs now, and what a draft token adds (speculative.py)."""
+        if not self.costs.is_ready:
+            return 1.0, 0.0  # nothing measured yet: drafts are free
+        running = len(self.running)
+        return self.costs.decode_seconds(running) / max(running, 1), self.costs.draft_seconds(1)
 
     def _admit(
         self, seq: Sequence, budget: int, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy]
@@ -317,28 +350,74 @@ class Scheduler:
         """Record the step's tokens; finish sequences that are done. Returns the requests touched."""
         now = self.clock()
         for item in batch.scheduled:
+            if item.drafts:
+                continue  # computed up to its accepted drafts, known below
             item.seq.num_computed_tokens += item.num_new_tokens
             if item.seq.status is not SequenceStatus.FINISHED:  # not aborted while the step ran
                 self.block_manager.publish_computed_blocks(item.seq, item.seq.num_computed_tokens - item.num_new_tokens)
         touched: dict[str, Request] = {}
-        for seq, token_id, logprob in zip(batch.sampling_seqs, output.token_ids, output.logprobs, strict=True):
-            if seq.status is SequenceStatus.FINISHED:  # aborted while the step ran
+        first = 0
+        for item in batch.scheduled:
+            count = len(item.drafts) + 1 if item.drafts else len(item.samplers)
+            tokens, logprobs = output.token_ids[first : first + count], output.logprobs[first : first + count]
+            first += count
+            if item.drafts:
+                self._accept_drafts(item, tokens, logprobs, now, touched)
                 continue
-            seq.token_ids.append(token_id)
-            seq.token_times.append(now)
-            self.fair_share.charge(seq.request.tenant, output_tokens=1)
-            if logprob is not None:
-                seq.logprobs.append(logprob)
-            if (grammar_error := advance_grammar(seq, token_id)) is not None:
-                self.fail_request(seq.request, RequestError(GRAMMAR_FAILED, grammar_error))  # reported by take_failed
-                touched.pop(seq.request.request_id, None)
-                continue
-            reason = self.stop_checker.check(seq)
-            if reason is not None:
-                self.costs.observe_finished(seq.num_output_tokens)
-                self._finish(seq, reason, now)
-            touched[seq.request.request_id] = seq.request
+            for seq, token_id, logprob in zip(item.samplers, tokens, logprobs, strict=True):
+                self._append(seq, token_id, logprob, now, touched)
+        assert first == len(output.token_ids), "a token per sampling row"
         return list(touched.values())
+
+    def _append(
+        self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float, touched: dict[str, Request]
+    ) -> bool:
+        """Give `seq` its next token; False when it takes no more (finished, failed or aborted)."""
+        if seq.status is SequenceStatus.FINISHED:  # aborted while the step ran
+            return False
+        seq.token_ids.append(token_id)
+        seq.token_times.append(now)
+        self.fair_share.charge(seq.request.tenant, output_tokens=1)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        if (grammar_error := advance_grammar(seq, token_id)) is not None:
+            self.fail_request(seq.request, RequestError(GRAMMAR_FAILED, grammar_error))  # reported by take_failed
+            touched.pop(seq.request.request_id, None)
+            return False
+        touched[seq.request.request_id] = seq.request
+        reason = self.stop_checker.check(seq)
+        if reason is not None:
+            self.costs.observe_finished(seq.num_output_tokens)
+            self._finish(seq, reason, now)
+            return False
+        return True
+
+    def _accept_drafts(
+        self,
+        item: ScheduledSequence,
+        sampled: list[int],
+        logprobs: list[TokenLogprob | None],
+        now: float,
+        touched: dict[str, Request],
+    ) -> None:
+        """Keep the drafts that equal the tokens sampled at their rows, then the sample of the first row
+        that differs (or the bonus row's); the cache holds the pending token's and the kept drafts' K/V
+        only: blocks past them go back, and none of the rejected drafts' is ever published."""
+        seq, start = item.seq, item.start
+        if seq.status is SequenceStatus.FINISHED:  # aborted while the step ran
+            return
+        accepted = accepted_prefix(item.drafts, sampled)
+        assert self.proposer is not None
+        self.proposer.observe(seq, len(item.drafts), accepted)
+        self.speculation.record(seq.request.adapter, len(item.drafts), accepted)
+        seq.request.num_draft_tokens += len(item.drafts)
+        seq.request.num_accepted_draft_tokens += accepted
+        seq.num_computed_tokens = start + 1 + accepted
+        for token_id, logprob in zip(sampled[: accepted + 1], logprobs[: accepted + 1], strict=True):
+            if not self._append(seq, token_id, logprob, now, touched):
+                return
+        self.block_manager.publish_computed_blocks(seq, start)
+        self.block_manager.trim(seq)
 
     def take_failed(self) -> list[Request]:
         """Requests ended with an error since the last call, the ones `schedule` found failing included. Call
@@ -367,12 +446,16 @@ class Scheduler:
         self.abort(request, "error")
         self._failed.append(request)
 
-    def _build_batch(self, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy]) -> ScheduledBatch:
+    def _build_batch(
+        self, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy], drafts: dict[int, list[int]]
+    ) -> ScheduledBatch:
         decodes: list[ScheduledSequence] = []
-        prefills: list[ScheduledSequence] = []
+        prefills: list[ScheduledSequence] = []  # and sequences with drafts: a chunk of 1 + K tokens
         for seq, num_new in chosen:
-            item = ScheduledSequence(seq, num_new)
-            if seq.num_computed_tokens + num_new == seq.num_tokens:
+            item = ScheduledSequence(seq, num_new, drafts=drafts.get(seq.seq_id, []))
+            if item.drafts:
+                item.samplers = [seq]
+            elif seq.num_computed_tokens + num_new == seq.num_tokens:
                 item.samplers = [seq, *self._fork_siblings(seq, num_new)]
             (decodes if num_new == 1 else prefills).append(item)
         return ScheduledBatch(decodes=decodes, prefills=prefills, block_copies=copies)

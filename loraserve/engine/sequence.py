@@ -13,6 +13,7 @@ from loraserve.lora.residency import NO_ADAPTER
 
 if TYPE_CHECKING:
     from loraserve.engine.grammar import CompiledGrammar
+    from loraserve.engine.speculative import DraftState
 
 
 class SequenceStatus(enum.Enum):
@@ -40,6 +41,8 @@ class Request:
     finished_time: float | None = None
     error: RequestError | None = None  # why it ended with finish_reason "error"
     grammar: CompiledGrammar | None = None  # params.structured_output, built (grammar.py)
+    num_draft_tokens: int = 0  # speculative drafts its sequences verified
+    num_accepted_draft_tokens: int = 0  # of those, kept
 
     @property
     def is_finished(self) -> bool:
@@ -69,7 +72,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)  # when each generated token arrived
     detokenizer: Any = None  # owned by the stop checker
-    rng: Any = None  # seeded sampling state, owned by the sampler
+    draft: DraftState | None = None  # its speculative draft length, owned by the proposer (speculative.py)
     matcher: Any = None  # where its output stands in the request's grammar (token_masks.py)
 
     @property

@@ -4,7 +4,8 @@ A decode step reads every weight once (a fixed cost) and does work per sequence 
 over its context, its adapter's rows): seconds ~ fixed + per_sequence x sequences, fitted by
 least squares over the steps, older steps weighing less (`forget`). Prompt tokens in a step
 add ~ per_prompt_token each, learnt from what steps took beyond the decode fit; how many
-prompt tokens come per sequence-step is learnt from the traffic, for the batch cap.
+prompt tokens come per sequence-step is learnt from the traffic, for the batch cap. Speculative
+draft tokens are learnt apart (a few rows each, beside decodes, they cost more than a long chunk's).
 Until the steps seen say otherwise, a sequence is taken to cost 1/16 of the fixed cost and a
 prompt token 1/32 (a 135M model on 2 cores: 15 ms fixed, 0.9 ms a sequence, ~0.3 ms a token).
 Plain Python: the scheduler's side of the engine imports no torch.
@@ -26,12 +27,14 @@ class StepCosts:
     _sum_xx: float = 0.0
     _sum_xy: float = 0.0
     _per_prompt_token: float | None = None
+    _per_draft_token: float | None = None
     _output_tokens: float | None = None  # a finished request's output tokens, on average
     _prompt_tokens: float = 0.0  # decayed over every step: prompt tokens computed and sequences stepped
     _sequences: float = 0.0
 
-    def observe(self, num_seqs: int, num_prompt_tokens: int, seconds: float) -> None:
-        """One step ran: `num_seqs` sequences, `num_prompt_tokens` of them prompt tokens, in `seconds`.
+    def observe(self, num_seqs: int, num_prompt_tokens: int, seconds: float, num_draft_tokens: int = 0) -> None:
+        """One step ran: `num_seqs` sequences, `num_prompt_tokens` of them prompt tokens (and
+        `num_draft_tokens` speculative drafts), in `seconds`.
 
         Under load nearly every step carries prompt tokens, so every step teaches both parts:
         its prompt tokens' share (what it took beyond the decode fit) and, with that share
@@ -39,6 +42,12 @@ class StepCosts:
         decode: the estimates start high, admitting too little rather than too much.
         """
         f = self.forget
+        if num_draft_tokens and self.is_ready:
+            beyond = seconds - self.decode_seconds(num_seqs) - self.prompt_seconds(num_prompt_tokens)
+            beyond = max(0.0, beyond) / num_draft_tokens
+            previous = self._per_draft_token
+            self._per_draft_token = beyond if previous is None else 0.9 * previous + 0.1 * beyond
+        seconds -= self.draft_seconds(num_draft_tokens)
         self._prompt_tokens = f * self._prompt_tokens + num_prompt_tokens
         self._sequences = f * self._sequences + num_seqs
         if num_prompt_tokens and self.is_ready:
@@ -70,6 +79,12 @@ class StepCosts:
         if per_token is None:  # not learnt yet: 1/32 of the fixed cost (0 before any step)
             per_token = self._decode_fit()[0] / 32
         return per_token * num_prompt_tokens
+
+    def draft_seconds(self, num_draft_tokens: int) -> float:
+        """What drafts add to a step (as prompt tokens until measured)."""
+        if self._per_draft_token is None:
+            return self.prompt_seconds(num_draft_tokens)
+        return self._per_draft_token * num_draft_tokens
 
     def expected_output_tokens(self, max_tokens: int) -> float:
         return min(float(max_tokens), self._output_tokens or float(max_tokens))

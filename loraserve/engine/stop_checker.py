@@ -14,7 +14,7 @@ class StopChecker:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: frozenset[int], max_model_len: int) -> None:
         self._tokenizer = tokenizer
         self._eos_token_ids = eos_token_ids
-        self._max_model_len = max_model_len
+        self.max_model_len = max_model_len
 
     def check(self, seq: Sequence) -> str | None:
         """Call after appending a token; returns the finish reason, or None to go on."""
@@ -34,7 +34,7 @@ class StopChecker:
             reached_min = seq.num_output_tokens >= params.min_tokens
             if params.stop and reached_min and self._truncate_at_stop_string(seq, len(delta)):
                 return "stop"
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self._max_model_len:
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 

@@ -15,6 +15,7 @@ import torch
 
 from loraserve.engine.grammar import matcher_of
 from loraserve.engine.sequence import Sequence
+from loraserve.engine.speculative import DraftRow
 
 BITS = 32  # tokens per word of a bitmask
 
@@ -51,7 +52,7 @@ class TokenMasks:
         self._executor = llguidance.LLExecutor(num_threads=1)  # beside the forward pass's threads, not among them
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="token-masks")
 
-    def start(self, seqs: list[Sequence]) -> Future[StepMasks] | None:
+    def start(self, seqs: list[Sequence | DraftRow]) -> Future[StepMasks] | None:
         """The step's masks, computing (None: no row is constrained)."""
         banned = {row: self._stop_tokens(seq) for row, seq in enumerate(seqs) if _before_min_tokens(seq)}
         grammar_rows = [row for row, seq in enumerate(seqs) if seq.request.grammar is not None]
@@ -61,7 +62,7 @@ class TokenMasks:
             ready: Future[StepMasks] = Future()
             ready.set_result(StepMasks(banned=banned))
             return ready
-        matchers = [matcher_of(seqs[row]) for row in grammar_rows]
+        matchers = [matcher_of(_whole(seqs[row])) for row in grammar_rows]
         return self._thread.submit(self._fill, grammar_rows, matchers, banned)
 
     def _fill(self, rows: list[int], matchers: list[llguidance.LLMatcher], banned: dict[int, list[int]]) -> StepMasks:
@@ -72,14 +73,19 @@ class TokenMasks:
         self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), words * bitmask.element_size(), len(rows))
         return StepMasks(rows, bitmask, banned)
 
-    def _stop_tokens(self, seq: Sequence) -> list[int]:
+    def _stop_tokens(self, seq: Sequence | DraftRow) -> list[int]:
         return sorted({*self._eos_token_ids, *seq.params.stop_token_ids})
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _before_min_tokens(seq: Sequence) -> bool:
+def _whole(row: Sequence | DraftRow) -> Sequence:
+    assert isinstance(row, Sequence), "a row with a grammar is never drafted for"
+    return row
+
+
+def _before_min_tokens(seq: Sequence | DraftRow) -> bool:
     return seq.num_output_tokens < seq.params.min_tokens
 
 

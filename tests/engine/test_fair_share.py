@@ -34,7 +34,7 @@ def served_tokens(scheduler, steps: int) -> Counter[str]:
     tokens: Counter[str] = Counter()
     for _ in range(steps):
         batch = step(scheduler)
-        tokens.update(seq.request.tenant.name for seq in batch.sampling_seqs)
+        tokens.update(seq.request.tenant.name for seq in batch.sampling_rows)
     return tokens
 
 

@@ -49,7 +49,7 @@ def add(
 def step(scheduler: Scheduler, token: int = 7):
     """One step with every sampling sequence receiving `token`."""
     batch = scheduler.schedule()
-    scheduler.postprocess(batch, StepOutput([token] * len(batch.sampling_seqs), [None] * len(batch.sampling_seqs)))
+    scheduler.postprocess(batch, StepOutput([token] * len(batch.sampling_rows), [None] * len(batch.sampling_rows)))
     return batch
 
 
@@ -150,7 +150,7 @@ def test_n_greater_than_one_forks_after_the_prompt(tokenizer):
     request = Request("n3", None, [5, 6, 7, 8, 9, 10], SamplingParams(n=3, max_tokens=2), arrival_time=0.0)
     scheduler.add_request(request)
     batch = step(scheduler)
-    assert len(batch.sampling_seqs) == 3
+    assert len(batch.sampling_rows) == 3
     assert [len(seq.output_token_ids) for seq in request.seqs] == [1, 1, 1]
     batch = step(scheduler)
     assert len(batch.block_copies) == 2  # two of the three write a private copy of the shared last block

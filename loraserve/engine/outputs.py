@@ -39,6 +39,9 @@ class RequestTimings:
     # Between consecutive tokens of completion 0; filled in the request's finished output.
     inter_token_latencies: list[float] = field(default_factory=list)
     e2e: float | None = None  # arrival -> finished
+    # Speculative decoding: draft tokens its sequences verified, and how many of them were kept.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 @dataclass

@@ -8,7 +8,10 @@ these definitions (`json_view` here, the server's metrics.py), never restated.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loraserve.engine.speculative import SpeculationStats
 
 
 def stat(help_text: str, metric: str | None = None, json: str | None = None, vllm: tuple[str, ...] = ()) -> Any:
@@ -26,6 +29,16 @@ class ResidentAdapter:
     num_bytes: int  # of its weights in the file (float32 safetensors as uploaded)
     pages: int  # of the memory pool its rows fill
     pinned: bool
+
+
+@dataclass(frozen=True)
+class AdapterDrafts:
+    """Speculative decoding's outcome for one adapter's sequences ("" for the base model's)."""
+
+    adapter: str
+    draft_tokens: int
+    accepted_tokens: int
+    bonus_tokens: int
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,21 @@ class EngineStats:
     prefix_cache_hit_tokens: int = stat(
         "Admitted tokens found in the prefix cache since start", "prefix_cache_hit_tokens", "prefix_cache.hit_tokens"
     )
+    speculative_draft_tokens: int = stat(
+        "Speculative draft tokens verified since start", "speculative_draft_tokens", "speculation.draft_tokens"
+    )
+    speculative_accepted_tokens: int = stat(
+        "Of those, kept", "speculative_accepted_tokens", "speculation.accepted_tokens"
+    )
+    speculative_bonus_tokens: int = stat(
+        "Tokens sampled after every draft of a step was kept, since start", "speculative_bonus_tokens",
+        "speculation.bonus_tokens",
+    )  # fmt: skip
+    speculative_acceptance_rate: float = stat(
+        "Draft tokens kept per draft token verified since start (0 before any)", "speculative_acceptance_rate",
+        "speculation.acceptance_rate",
+    )  # fmt: skip
+    speculative_by_adapter: list[AdapterDrafts] = stat("Speculative decoding by adapter", json="speculation.by_adapter")
     failed_steps: int = stat(
         "Steps in which computing a row raised since start (the other rows went on)", "failed_steps"
     )
@@ -132,3 +160,19 @@ def json_view(stats: EngineStats) -> dict[str, Any]:
             value = [asdict(item) if is_dataclass(item) and not isinstance(item, type) else item for item in value]
         node[leaf] = value
     return view
+
+
+def speculation_stats(speculation: SpeculationStats) -> dict[str, Any]:
+    """EngineStats' speculative fields from the scheduler's counts."""
+    by_adapter = [
+        AdapterDrafts(name, c.drafted, c.accepted, c.bonus) for name, c in sorted(speculation.by_adapter.items())
+    ]
+    drafted = sum(a.draft_tokens for a in by_adapter)
+    accepted = sum(a.accepted_tokens for a in by_adapter)
+    return {
+        "speculative_draft_tokens": drafted,
+        "speculative_accepted_tokens": accepted,
+        "speculative_bonus_tokens": sum(a.bonus_tokens for a in by_adapter),
+        "speculative_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "speculative_by_adapter": by_adapter,
+    }

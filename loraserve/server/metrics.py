@@ -95,6 +95,21 @@ class EngineCollector(Collector):
                     f"loraserve_{name}", help_text, value=len(value) if isinstance(value, list) else value
                 )
         yield lora_requests_info(self.stats)
+        yield speculative_tokens_by_adapter(self.stats)
+
+
+def speculative_tokens_by_adapter(stats: EngineStats) -> GaugeMetricFamily:
+    """Speculative decoding's draft, kept and bonus tokens since start, per adapter ("" = the base model)."""
+    family = GaugeMetricFamily(
+        "loraserve_speculative_tokens", "Speculative draft tokens verified (drafted), kept (accepted) and bonus "
+        "tokens since start, by adapter", labels=["adapter", "kind"],
+    )  # fmt: skip
+    for adapter in stats.speculative_by_adapter:
+        for kind, value in (
+            ("drafted", adapter.draft_tokens), ("accepted", adapter.accepted_tokens), ("bonus", adapter.bonus_tokens)
+        ):  # fmt: skip
+            family.add_metric([adapter.adapter, kind], value)
+    return family
 
 
 def lora_requests_info(stats: EngineStats) -> GaugeMetricFamily:

@@ -14,7 +14,15 @@ import httpx
 import pytest
 import uvicorn
 
-from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig, ServerConfig
+from loraserve.config import (
+    CacheConfig,
+    EngineConfig,
+    LoraConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    SpeculativeConfig,
+)
 from loraserve.engine import LLMEngine
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.models import LoadedModel
@@ -38,7 +46,11 @@ def free_port() -> int:
 
 
 def async_engine(
-    loaded: LoadedModel, max_loras: int = 8, num_blocks: int = 512, scheduler: SchedulerConfig | None = None
+    loaded: LoadedModel,
+    max_loras: int = 8,
+    num_blocks: int = 512,
+    scheduler: SchedulerConfig | None = None,
+    speculation: SpeculativeConfig | None = None,
 ) -> AsyncLLMEngine:
     """An engine of its own (KV cache, adapters, scheduler) over the shared float32 model."""
     config = EngineConfig(
@@ -46,6 +58,7 @@ def async_engine(
         cache=CacheConfig(num_pages=num_blocks),
         scheduler=scheduler or SchedulerConfig(),
         lora=LoraConfig(max_loras=max_loras, max_lora_rank=16),
+        speculation=speculation or SpeculativeConfig(),
     )
     return AsyncLLMEngine(LLMEngine(config, loaded=loaded))
 
@@ -61,10 +74,11 @@ def start_server(
     max_loras: int = 8,
     num_blocks: int = 512,
     scheduler: SchedulerConfig | None = None,
+    speculation: SpeculativeConfig | None = None,
     **server_config: Any,
 ) -> Iterator[RunningServer]:
     """Start, yield once the port answers, stop. `server_config`: ServerConfig fields."""
-    engine = async_engine(loaded, max_loras, num_blocks, scheduler)
+    engine = async_engine(loaded, max_loras, num_blocks, scheduler, speculation)
     port = free_port()
     app = create_app(engine, server_config_in(data_dir, **server_config))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

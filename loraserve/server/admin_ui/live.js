@@ -47,6 +47,7 @@ function wholePool(answer) {
     pages: { ...sums("pages", ["total", "kv", "adapters", "free"]),
       block_size: first.pages.block_size, page_bytes: first.pages.page_bytes },
     prefix_cache: sums("prefix_cache", ["queried_tokens", "hit_tokens", "blocks"]),
+    speculation: sums("speculation", ["draft_tokens", "accepted_tokens", "bonus_tokens"]),
     adapter_slots: sums("adapter_slots", ["total", "used"]),
     host_cache: sums("host_cache", ["bytes", "capacity_bytes"]),
     ...Object.fromEntries(["running_sequences", "waiting_sequences", "adapter_loads", "adapter_evictions",
@@ -79,6 +80,12 @@ export async function refreshLive() {
   const found = cache.queried_tokens ? Math.round((100 * cache.hit_tokens) / cache.queried_tokens) : 0;
   $("prefix-text").textContent = `Prefix cache: ${cache.hit_tokens} of ${cache.queried_tokens} prompt tokens ` +
     `found instead of computed (${found}%); ${cache.blocks} blocks findable`;
+  const drafts = pool.speculation;
+  const kept = drafts.draft_tokens ? Math.round((100 * drafts.accepted_tokens) / drafts.draft_tokens) : 0;
+  $("speculation-text").textContent = drafts.draft_tokens
+    ? `Speculative decoding: ${drafts.accepted_tokens} of ${drafts.draft_tokens} draft tokens kept (${kept}%), ` +
+      `${drafts.bonus_tokens} bonus tokens`
+    : "Speculative decoding: no drafts verified (off, or none proposed yet)";
   $("slot-meter").max = pool.adapter_slots.total;
   $("slot-meter").value = pool.adapter_slots.used;
   $("slot-text").textContent = `${pool.adapter_slots.used} of ${pool.adapter_slots.total} slots used`;

@@ -109,6 +109,23 @@ def matcher_of(seq: Sequence, upto: int | None = None) -> llguidance.LLMatcher:
     return seq.matcher
 
 
+def valid_drafts(seq: Sequence, drafts: list[int]) -> list[int]:
+    """The leading drafts the sequence's grammar allows (all of them without a grammar)."""
+    if seq.request.grammar is None:
+        return drafts
+    return drafts[: matcher_of(seq).validate_tokens(drafts)]
+
+
+def matcher_after(seq: Sequence, drafts: list[int]) -> llguidance.LLMatcher:
+    """Where the sequence's grammar stands after its output and then `drafts` (a copy when there are drafts)."""
+    matcher = matcher_of(seq)
+    if not drafts:
+        return matcher
+    matcher = matcher.deep_copy()
+    matcher.consume_tokens(drafts)
+    return matcher
+
+
 def _grammar_of(spec: StructuredOutput) -> str:
     if spec.kind == "json_schema":
         return str(llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS))

@@ -28,6 +28,7 @@ from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
 from loraserve.engine.fair_share import FairShare, Tenant
 from loraserve.engine.grammar import advance as advance_grammar
+from loraserve.engine.grammar import valid_drafts
 from loraserve.engine.outputs import (
     ADAPTER_UNAVAILABLE,
     GRAMMAR_FAILED,
@@ -186,7 +187,7 @@ class Scheduler:
     def _drafts(self, seq: Sequence, budget: int) -> list[int]:
         """Draft tokens for a decoding sequence: as many as the budget, its max_tokens and the context
         window leave after its pending token, and only where their blocks fit too."""
-        if self.proposer is None or seq.request.grammar is not None:  # a grammar would need a matcher per row
+        if self.proposer is None:
             return []
         room = min(
             budget - 1,
@@ -194,6 +195,7 @@ class Scheduler:
             self.stop_checker.max_model_len - seq.num_tokens - 1,
         )
         proposed = self.proposer.propose(seq, room, *self._token_and_draft_seconds()) if room > 0 else []
+        proposed = valid_drafts(seq, proposed)  # a draft its grammar forbids could never be kept
         if proposed and not self.block_manager.can_allocate(seq, 1 + len(proposed)):
             return []
         return proposed

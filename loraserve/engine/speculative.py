@@ -9,6 +9,9 @@ correction), and when all K are accepted the last row gives one more (the bonus)
 draft this is the standard rejection rule (accept with probability p(draft), else sample from p with
 the draft taken out), so the output distribution is unchanged; greedy output is identical.
 
+A row with a grammar drafts only the leading tokens its grammar allows, and each of its draft rows
+is masked by the grammar as it stands after the drafts before that row (grammar.py).
+
 Example: tokens "... the cat sat on the mat . the cat" with ngram_max 2: "the cat" occurred before,
 followed by "sat on the", so K=3 drafts are [sat, on, the]. If the model samples [sat, on, a, ...]
 at the four rows, "sat" and "on" are accepted and "a" is the correction: three tokens this step.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import llguidance
 import torch
 
-from loraserve.engine.grammar import matcher_of
+from loraserve.engine.grammar import matcher_after, matcher_of
 from loraserve.engine.sequence import Sequence
 from loraserve.engine.speculative import DraftRow
 
@@ -62,7 +62,7 @@ class TokenMasks:
             ready: Future[StepMasks] = Future()
             ready.set_result(StepMasks(banned=banned))
             return ready
-        matchers = [matcher_of(_whole(seqs[row])) for row in grammar_rows]
+        matchers = [_matcher(seqs[row]) for row in grammar_rows]
         return self._thread.submit(self._fill, grammar_rows, matchers, banned)
 
     def _fill(self, rows: list[int], matchers: list[llguidance.LLMatcher], banned: dict[int, list[int]]) -> StepMasks:
@@ -80,9 +80,9 @@ class TokenMasks:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _whole(row: Sequence | DraftRow) -> Sequence:
-    assert isinstance(row, Sequence), "a row with a grammar is never drafted for"
-    return row
+def _matcher(row: Sequence | DraftRow) -> llguidance.LLMatcher:
+    """A row's matcher: a draft row's stands after the drafts before it (drafts the grammar allows)."""
+    return matcher_of(row) if isinstance(row, Sequence) else matcher_after(row.seq, row.drafts)
 
 
 def _before_min_tokens(seq: Sequence | DraftRow) -> bool:

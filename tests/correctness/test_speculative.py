@@ -4,12 +4,14 @@ same token for token; unseeded sampled tokens follow the same distribution (a ch
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 import torch
 
 from loraserve import SamplingParams
+from loraserve.engine.structured_output import StructuredOutput
 from loraserve.resources import SAMPLE_ADAPTERS
 from tests.conftest import CHAT_PROMPTS
 
@@ -128,3 +130,29 @@ def chi_square_p_value(first: Counter, second: Counter, min_count: int = 10) -> 
     degrees = table.shape[1] - 1
     assert degrees >= 2, "too few distinct tokens for a test"
     return float(torch.special.gammaincc(torch.tensor(degrees / 2, dtype=torch.float64), statistic / 2))
+
+
+def test_grammar_constrained_rows_draft_only_what_their_grammar_allows_and_decode_the_same(plain, speculative):
+    """Drafts are cut to what the row's grammar allows, and each draft row's mask is its grammar's after the
+    drafts before it: every document validates and equals the one decoded without drafts."""
+    schema = {
+        "type": "object",
+        "properties": {"sentence": {"type": "string", "maxLength": 120}, "words": {"type": "integer"}},
+        "required": ["sentence", "words"],
+        "additionalProperties": False,
+    }
+    output = StructuredOutput.json_schema(schema, "response_format")
+    params = SamplingParams(temperature=0, max_tokens=80, structured_output=output, min_tokens=3)
+    asks = [
+        [{"role": "user", "content": f"{text} Answer in JSON with the sentence and its word count."}]
+        for text in QUOTING
+    ]
+    counts = speculative.engine.scheduler.speculation.by_adapter
+    drafted_before = sum(c.drafted for c in counts.values())
+    expected = plain.chat(asks, params, adapters=TARGETS[:4], use_tqdm=False)
+    got = speculative.chat(asks, params, adapters=TARGETS[:4], use_tqdm=False)
+    assert completions(got) == completions(expected)
+    for result in got:
+        document = json.loads(result.outputs[0].text)
+        assert set(document) == {"sentence", "words"}
+    assert sum(c.drafted for c in counts.values()) > drafted_before

@@ -39,7 +39,6 @@ from loraserve.models.dtypes import dtype_name
 
 SECTION = "speculative-decoding"
 K = 4
-MAX_TOKENS = 128
 
 TEXTS = [
     "The old lighthouse stood on the cliff for two hundred years. Every night its keeper climbed the ninety "
@@ -86,9 +85,9 @@ def miss_workload(count: int) -> list[Conversation]:
     return [[{"role": "user", "content": OPEN_QUESTIONS[i % len(OPEN_QUESTIONS)]}] for i in range(count)]
 
 
-def run_batches(llm: LLM, conversations: list[Conversation], batch: int) -> tuple[float, float, int]:
+def run_batches(llm: LLM, conversations: list[Conversation], batch: int, max_tokens: int) -> tuple[float, float, int]:
     """(median TPOT in seconds, tokens/s, output tokens), the conversations run `batch` at a time."""
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     tpots, tokens, start = [], 0, time.perf_counter()
     for first in range(0, len(conversations), batch):
         for output in llm.chat(conversations[first : first + batch], params, use_tqdm=False):
@@ -99,17 +98,19 @@ def run_batches(llm: LLM, conversations: list[Conversation], batch: int) -> tupl
     return statistics.median(tpots), tokens / (time.perf_counter() - start), tokens
 
 
-def measure(loaded: LoadedModel, batch: int, workload: list[Conversation], repeats: int) -> dict[str, object]:
+def measure(
+    loaded: LoadedModel, batch: int, workload: list[Conversation], repeats: int, max_tokens: int
+) -> dict[str, object]:
     """Both systems on one workload at one batch size, alternating, each repeat on a fresh prefix cache."""
     llms = {k: LLM.from_engine(engine_over(loaded, batch, max_loras=0, speculative_tokens=k)) for k in (0, K)}
     try:
         for llm in llms.values():  # warm-up: kernels built, the step costs drafting weighs against learnt
-            run_batches(llm, workload, batch)
+            run_batches(llm, workload, batch, max_tokens)
         runs: dict[int, list[tuple[float, float, int]]] = {0: [], K: []}
         for _ in range(repeats):
             for k, llm in llms.items():
                 llm.reset_prefix_cache()
-                runs[k].append(run_batches(llm, workload, batch))
+                runs[k].append(run_batches(llm, workload, batch, max_tokens))
         counts = llms[K].engine.scheduler.speculation.by_adapter.get("")
     finally:
         for llm in llms.values():
@@ -136,16 +137,18 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--prompts", type=int, default=16, help="conversations per workload")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
     if args.quick:
-        args.batch_sizes, args.prompts, args.repeats = [2], 2, 1
+        args.batch_sizes, args.prompts, args.repeats, args.max_tokens = [2], 2, 1, 16
     loaded = load_model(model_config_of(args))
     rows = []
     for label, make in (("drafts hit (rewrite, quote)", hit_workload), ("drafts miss (open questions)", miss_workload)):
         for batch in args.batch_sizes:
-            rows.append(row(label, batch, measure(loaded, batch, make(max(args.prompts, batch)), args.repeats)))
+            result = measure(loaded, batch, make(max(args.prompts, batch)), args.repeats, args.max_tokens)
+            rows.append(row(label, batch, result))
             print(rows[-1], flush=True)
     body = "\n".join(
         [
@@ -153,7 +156,7 @@ def main() -> None:
             "",
             f"Command: `{reproduce_command('benchmarks.bench_speculative')}`. Machine: {machine_description()}.",
             "",
-            f"{dtype_name(loaded.dtype)}, the default model, greedy, at most {MAX_TOKENS} tokens per request, "
+            f"{dtype_name(loaded.dtype)}, the default model, greedy, at most {args.max_tokens} tokens per request, "
             f"`--speculative ngram --speculative-tokens {K}` (n-grams of 2 to 4 tokens) against plain decoding in "
             f"the same run, alternating, median of {args.repeats} (min-max). {max(args.prompts, 1)} chat prompts "
             "per workload, run `batch` at a time. Acceptance: drafts kept / drafts verified.",

@@ -34,6 +34,7 @@ def run_module(module: str, *args: str) -> str:
         "benchmarks.bench_prefix_cache",
         "benchmarks.bench_swapping",
         "benchmarks.bench_structured",
+        "benchmarks.bench_speculative",
         "benchmarks.profile_lora_step",
     ],
 )

@@ -187,7 +187,7 @@ class Scheduler:
     def _drafts(self, seq: Sequence, budget: int) -> list[int]:
         """Draft tokens for a decoding sequence: as many as the budget, its max_tokens and the context
         window leave after its pending token, and only where their blocks fit too."""
-        if self.proposer is None:
+        if self.proposer is None or seq.num_output_tokens == 0:  # its prompt's last token: its forks sample there
             return []
         room = min(
             budget - 1,

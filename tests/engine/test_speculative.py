@@ -84,3 +84,19 @@ def test_every_draft_kept_gives_a_bonus_token_and_max_tokens_bounds_the_drafts(t
     seq = request.seqs[0]
     assert seq.output_token_ids == [102, 103, 104, 300] and seq.finish_reason == "length"
     assert scheduler.speculation.by_adapter[""].bonus == 1
+
+
+def test_a_prompt_s_last_token_is_not_drafted_from_so_n_siblings_still_fork_there(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, max_num_batched_tokens=8)
+    scheduler.proposer = NgramProposer(max_k=4, ngram_min=1, ngram_max=2)
+    prompt = [100, 101, 102, 103, 104, 105, 106, 100, 101]  # 9 tokens: a chunk of 8, then its last one
+    request = Request("r", None, prompt, SamplingParams(max_tokens=8, temperature=0.0, n=2), arrival_time=0.0)
+    scheduler.add_request(request)
+    scheduler.postprocess(scheduler.schedule(), StepOutput([], []))
+    batch = scheduler.schedule()
+    (item,) = batch.scheduled
+    assert item.drafts == [] and len(item.samplers) == 2
+    scheduler.postprocess(batch, StepOutput([102, 102], [None, None]))
+    assert len(request.seqs) == 2
+    drafting = scheduler.schedule()
+    assert [len(item.drafts) for item in drafting.prefills] == [4, 2]  # both draft from there on, in the budget of 8

@@ -130,6 +130,7 @@ def test_sign_in_upload_chat_compare_pin_delete(page, ui_server):
     page.get_by_role("button", name="Live").click()
     expect(page.locator("#kv-text")).to_contain_text("pages hold KV blocks")
     expect(page.locator("#prefix-text")).to_contain_text("prompt tokens found instead of computed")
+    expect(page.locator("#speculation-text")).to_contain_text("Speculative decoding: no drafts verified")
     expect(page.locator("#slot-text")).to_contain_text("of 4 slots used")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import subprocess
 import sys
@@ -66,11 +67,24 @@ def loaded_model() -> LoadedModel:
 
 
 EngineFactory = Callable[..., LLM]
+# Engines `make_llm` made for the module running: closed when it ends, so their threads let go of them and their
+# pools are freed (a whole run's engines at once outgrew the machine's 24 GiB).
+_module_engines: list[LLM] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_module_engines() -> Iterator[None]:
+    yield
+    for made in _module_engines:
+        made.engine.close()
+    _module_engines.clear()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
 def make_llm(loaded_model: LoadedModel) -> EngineFactory:
-    """An `LLM` over the shared float32 model with its own KV cache and scheduler settings."""
+    """An `LLM` over the shared float32 model with its own KV cache and scheduler settings, closed when the module
+    that made it ends."""
 
     def make(
         num_pages: int = 512,
@@ -88,14 +102,18 @@ def make_llm(loaded_model: LoadedModel) -> EngineFactory:
             lora=LoraConfig(max_loras=max_loras, max_lora_rank=max_lora_rank),
             speculation=speculation,
         )
-        return LLM.from_engine(LLMEngine(config, loaded=loaded_model))
+        made = LLM.from_engine(LLMEngine(config, loaded=loaded_model))
+        _module_engines.append(made)
+        return made
 
     return make
 
 
 @pytest.fixture(scope="session")
 def llm(make_llm: EngineFactory) -> LLM:
-    return make_llm()
+    shared = make_llm()
+    _module_engines.remove(shared)  # every module's
+    return shared
 
 
 @pytest.fixture(scope="session")

@@ -360,7 +360,7 @@ class Scheduler:
         touched: dict[str, Request] = {}
         first = 0
         for item in batch.scheduled:
-            count = len(item.drafts) + 1 if item.drafts else len(item.samplers)
+            count = len(item.sampling_rows)
             tokens, logprobs = output.token_ids[first : first + count], output.logprobs[first : first + count]
             first += count
             if item.drafts:

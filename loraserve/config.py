@@ -181,6 +181,10 @@ class SpeculativeConfig(Settings):
     speculative_tokens: int = setting(4, "most draft tokens a sequence proposes per step", minimum=1, maximum=16)
     ngram_min: int = setting(2, "shortest n-gram looked up", minimum=1)
     ngram_max: int = setting(4, "longest n-gram looked up (the longest match wins)", minimum=1)
+    speculative_cost_check: bool = setting(
+        True, "draft only where drafts pay for their measured compute against the batch's token cost; with "
+        "--no-speculative-cost-check, wherever a draft is found (comparisons, tests)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()

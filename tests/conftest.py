@@ -91,10 +91,12 @@ def make_llm(loaded_model: LoadedModel) -> EngineFactory:
         max_loras: int = 0,
         max_lora_rank: int = 16,
         prefix_caching: bool = True,
-        speculative_tokens: int = 0,  # > 0: n-gram speculation with this K
+        speculative_tokens: int = 0,  # > 0: n-gram speculation with this K, drafting wherever a draft is found
         **scheduler: int,
     ) -> LLM:
-        speculation = SpeculativeConfig("ngram", speculative_tokens) if speculative_tokens else SpeculativeConfig()
+        speculation = SpeculativeConfig()
+        if speculative_tokens:  # the cost check would make what is drafted depend on the machine's timings
+            speculation = SpeculativeConfig("ngram", speculative_tokens, speculative_cost_check=False)
         config = EngineConfig(
             model=ModelConfig(dtype="float32"),
             cache=CacheConfig(num_pages=num_pages, prefix_caching=prefix_caching),

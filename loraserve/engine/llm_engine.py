@@ -64,7 +64,10 @@ class LLMEngine:
         speculation = config.speculation
         proposer = None
         if speculation.speculative == "ngram":
-            proposer = NgramProposer(speculation.speculative_tokens, speculation.ngram_min, speculation.ngram_max)
+            proposer = NgramProposer(
+                speculation.speculative_tokens, speculation.ngram_min, speculation.ngram_max,
+                speculation.speculative_cost_check,
+            )  # fmt: skip
         self.scheduler = Scheduler(
             config.scheduler, self.block_manager, self.stop_checker, self.adapters, proposer=proposer
         )

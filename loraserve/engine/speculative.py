@@ -49,8 +49,9 @@ class DraftState:
 class NgramProposer:
     """Proposes up to `max_k` tokens by prompt lookup, per sequence, adapting each one's K."""
 
-    def __init__(self, max_k: int, ngram_min: int, ngram_max: int) -> None:
+    def __init__(self, max_k: int, ngram_min: int, ngram_max: int, cost_check: bool = True) -> None:
         self.max_k, self.ngram_min, self.ngram_max = max_k, ngram_min, ngram_max
+        self.cost_check = cost_check
 
     def propose(self, seq: Sequence, limit: int, token_seconds: float = 1.0, draft_seconds: float = 0.0) -> list[int]:
         """At most `limit` drafts for `seq`'s next tokens: none when its K is 0 for now, and no more than
@@ -64,7 +65,7 @@ class NgramProposer:
                 return []
             state.k, state.idle_steps = 1, 0
         k = min(state.k, limit)
-        while k > 0 and worth(state.acceptance, k) * token_seconds < k * draft_seconds:
+        while self.cost_check and k > 0 and worth(state.acceptance, k) * token_seconds < k * draft_seconds:
             k -= 1
         return lookup(seq.token_ids, k, self.ngram_min, self.ngram_max) if k > 0 else []
 

@@ -40,6 +40,15 @@ def test_k_adapts_and_a_sequence_whose_drafts_miss_stops_drafting_for_a_while():
     assert proposer.propose(seq, 1) == [3]  # capped by the limit the step leaves
 
 
+def test_drafts_are_cut_to_what_pays_for_its_compute_unless_the_check_is_off():
+    request = Request("r", None, [1, 2, 3, 4, 5, 1, 2], SamplingParams(), arrival_time=0.0)
+    for cost_check, draft_seconds, expected in ((True, 0.001, 4), (True, 0.004, 1), (True, 0.1, 0), (False, 0.1, 4)):
+        seq = Sequence(0, request, 0, [1, 2, 3, 4, 5, 1, 2], num_prompt_tokens=7)
+        proposer = NgramProposer(max_k=4, ngram_min=1, ngram_max=2, cost_check=cost_check)
+        # Acceptance 0.5: k drafts are worth 0.5, 0.75, 0.875, 0.94 tokens of 10 ms.
+        assert len(proposer.propose(seq, 8, token_seconds=0.01, draft_seconds=draft_seconds)) == expected
+
+
 def repetitive_request(scheduler, max_tokens: int = 12) -> Request:
     """A prompt whose last token repeats an earlier one, so prompt lookup has drafts at once."""
     prompt = [100, 101, 102, 103, 104, 105, 106, 100, 101]

@@ -20,7 +20,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 @pytest.fixture(scope="module")
 def server(loaded_model, tmp_path_factory):
-    speculation = SpeculativeConfig("ngram", speculative_tokens=4)
+    speculation = SpeculativeConfig("ngram", speculative_tokens=4, speculative_cost_check=False)  # drafts at once
     yield from start_server(
         loaded_model, tmp_path_factory.mktemp("data"), register_samples=True, speculation=speculation
     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from loraserve.engine.block_manager import BlockCopy
 from loraserve.engine.outputs import TokenLogprob
 from loraserve.engine.sequence import Sequence
-from loraserve.engine.speculative import DraftRow
+from loraserve.engine.speculative import DraftRow, SampledRow
 
 
 @dataclass
@@ -35,7 +35,7 @@ class ScheduledSequence:
         return self.seq.token_ids[self.start : end] + self.drafts
 
     @property
-    def sampling_rows(self) -> list[Sequence | DraftRow]:
+    def sampling_rows(self) -> list[SampledRow]:
         """Who samples from each of its rows that gives logits: its samplers from its last row, or with
         drafts, the sequence from every row, as it stands after the drafts before that row."""
         if self.drafts:
@@ -73,7 +73,7 @@ class ScheduledBatch:
         )
 
     @property
-    def sampling_rows(self) -> list[Sequence | DraftRow]:
+    def sampling_rows(self) -> list[SampledRow]:
         """Who samples each token of the step, in the order of `StepOutput`."""
         return [row for item in self.scheduled for row in item.sampling_rows]
 

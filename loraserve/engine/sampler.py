@@ -17,11 +17,8 @@ import torch
 from loraserve.engine.batch import StepOutput
 from loraserve.engine.outputs import TokenLogprob
 from loraserve.engine.sampling_params import SamplingParams
-from loraserve.engine.sequence import Sequence
-from loraserve.engine.speculative import DraftRow
+from loraserve.engine.speculative import SampledRow
 from loraserve.engine.token_masks import StepMasks
-
-SampledRow = Sequence | DraftRow  # a sequence, or one as it stands after some of its drafts
 
 
 class Sampler:

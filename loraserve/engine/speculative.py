@@ -163,3 +163,6 @@ class DraftRow:
     @property
     def num_output_tokens(self) -> int:
         return self.seq.num_output_tokens + len(self.drafts)
+
+
+SampledRow = Sequence | DraftRow  # who samples a row of a step: a sequence, or one as it stands after some drafts

@@ -15,7 +15,7 @@ import torch
 
 from loraserve.engine.grammar import matcher_after, matcher_of
 from loraserve.engine.sequence import Sequence
-from loraserve.engine.speculative import DraftRow
+from loraserve.engine.speculative import SampledRow
 
 BITS = 32  # tokens per word of a bitmask
 
@@ -52,7 +52,7 @@ class TokenMasks:
         self._executor = llguidance.LLExecutor(num_threads=1)  # beside the forward pass's threads, not among them
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="token-masks")
 
-    def start(self, seqs: list[Sequence | DraftRow]) -> Future[StepMasks] | None:
+    def start(self, seqs: list[SampledRow]) -> Future[StepMasks] | None:
         """The step's masks, computing (None: no row is constrained)."""
         banned = {row: self._stop_tokens(seq) for row, seq in enumerate(seqs) if _before_min_tokens(seq)}
         grammar_rows = [row for row, seq in enumerate(seqs) if seq.request.grammar is not None]
@@ -73,19 +73,19 @@ class TokenMasks:
         self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), words * bitmask.element_size(), len(rows))
         return StepMasks(rows, bitmask, banned)
 
-    def _stop_tokens(self, seq: Sequence | DraftRow) -> list[int]:
+    def _stop_tokens(self, seq: SampledRow) -> list[int]:
         return sorted({*self._eos_token_ids, *seq.params.stop_token_ids})
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _matcher(row: Sequence | DraftRow) -> llguidance.LLMatcher:
+def _matcher(row: SampledRow) -> llguidance.LLMatcher:
     """A row's matcher: a draft row's stands after the drafts before it (drafts the grammar allows)."""
     return matcher_of(row) if isinstance(row, Sequence) else matcher_after(row.seq, row.drafts)
 
 
-def _before_min_tokens(seq: Sequence | DraftRow) -> bool:
+def _before_min_tokens(seq: SampledRow) -> bool:
     return seq.num_output_tokens < seq.params.min_tokens
 
 

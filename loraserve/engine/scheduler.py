@@ -194,18 +194,12 @@ class Scheduler:
             seq.params.max_tokens - seq.num_output_tokens - 1,
             self.stop_checker.max_model_len - seq.num_tokens - 1,
         )
-        proposed = self.proposer.propose(seq, room, *self._token_and_draft_seconds()) if room > 0 else []
+        costs = self.costs.token_and_draft_seconds(len(self.running))
+        proposed = self.proposer.propose(seq, room, *costs) if room > 0 else []
         proposed = valid_drafts(seq, proposed)  # a draft its grammar forbids could never be kept
         if proposed and not self.block_manager.can_allocate(seq, 1 + len(proposed)):
             return []
         return proposed
-
-    def _token_and_draft_seconds(self) -> tuple[float, float]:
-        """What a token of the running batch costs now, and what a draft token adds (speculative.py)."""
-        if not self.costs.is_ready:
-            return 1.0, 0.0  # nothing measured yet: drafts are free
-        running = len(self.running)
-        return self.costs.decode_seconds(running) / max(running, 1), self.costs.draft_seconds(1)
 
     def _admit(
         self, seq: Sequence, budget: int, chosen: list[tuple[Sequence, int]], copies: list[BlockCopy]

@@ -86,6 +86,12 @@ class StepCosts:
             return self.prompt_seconds(num_draft_tokens)
         return self._per_draft_token * num_draft_tokens
 
+    def token_and_draft_seconds(self, num_seqs: int) -> tuple[float, float]:
+        """What a token of a decode step of `num_seqs` costs, and what a draft token adds (speculative.py)."""
+        if not self.is_ready:
+            return 1.0, 0.0  # nothing measured yet: drafts are free
+        return self.decode_seconds(num_seqs) / max(num_seqs, 1), self.draft_seconds(1)
+
     def expected_output_tokens(self, max_tokens: int) -> float:
         return min(float(max_tokens), self._output_tokens or float(max_tokens))
 

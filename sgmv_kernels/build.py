@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,11 @@ SHARED_HEADER = Path(__file__).with_name("cpu_vectors.h")  # the helpers every k
 
 class KernelBuildError(RuntimeError):
     pass
+
+
+def entry_point(function: Any) -> int:  # a loaded ctypes function
+    """A loaded function's address, for native code that calls it (loraserve/models/cpu_decode_step.py)."""
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
 
 
 def target_march() -> str:

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #ifdef __AVX512BF16__
 #include <immintrin.h>  // the CPU's bfloat16 instructions (only x86 has this header)
 #endif

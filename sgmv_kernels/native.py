@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from sgmv_kernels.build import load_library
+from sgmv_kernels.build import entry_point, load_library
 
 SOURCE = Path(__file__).with_name("lora_cpu.cpp")
 CHUNK_ROWS = 8  # kChunkRows in lora_cpu.cpp: rows of one slot that share a read of its weights
@@ -82,6 +82,9 @@ class LoraKernel:
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
+
+    def entry_point(self, dtype: torch.dtype) -> int:
+        return entry_point(self._functions[dtype])
 
     def add(self, x: torch.Tensor, group: ProjectionGroup, rows: RowChunks, out: torch.Tensor) -> None:
         """out [T, sum(widths)] += each projection's LoRA of x [T, in] with each row's adapter, in place."""

@@ -20,18 +20,21 @@ from loraserve.engine.cuda_graphs import DecodeGraphs, DecodeRows
 from loraserve.engine.faults import FaultInjector
 from loraserve.engine.sampler import Sampler
 from loraserve.engine.token_masks import TokenMasks
-from loraserve.lora.backends import choose_backend
+from loraserve.lora.backends import CompiledCpuLora, choose_backend
 from loraserve.lora.batch import LoraBatch
 from loraserve.lora.memory_pool import MemoryPool, pool_pages
+from loraserve.lora.residency import NO_ADAPTER
 from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
-from loraserve.models.cpu_attention import load_decode_kernel
-from loraserve.models.cpu_layer_ops import load_layer_ops
+from loraserve.models.cpu_attention import DecodeAttentionKernel, load_decode_kernel
+from loraserve.models.cpu_decode_step import CpuDecodeStep, plan_decode_step
+from loraserve.models.cpu_layer_ops import LayerOpsKernel, load_layer_ops
 from loraserve.models.cuda_attention import paged_decode_attention
 from loraserve.models.cuda_layer_ops import CudaLayerOps
 from loraserve.models.layer_ops import LayerOps
+from sgmv_kernels.native import RowChunks
 
 
 @dataclass
@@ -85,6 +88,15 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         if self.device == "cuda" and graphs is not None and self.decode_kernel is not None:
             self.decode_graphs = self._capture_graphs(graphs)
+        self.native_decode: CpuDecodeStep | None = None  # decode steps in one native call (CPU)
+        if on_cpu:
+            self.native_decode = plan_decode_step(
+                self.model, self.pool.kv_caches,
+                layer_ops if isinstance(layer_ops, LayerOpsKernel) else None,
+                self.decode_kernel if isinstance(self.decode_kernel, DecodeAttentionKernel) else None,
+                self.lora_backend.kernel if isinstance(self.lora_backend, CompiledCpuLora) else None,
+                self.adapter_slots.projection_group, cache_dir / "kernels",
+            )  # fmt: skip
 
     def _capture_graphs(self, graphs: GraphSettings) -> DecodeGraphs:
         scratch = self.pool.pages.take(1, PageUse.KV)  # where padding rows write; no sequence owns it
@@ -115,6 +127,8 @@ class ModelRunner:
             # then run together, and all but the first find them in L2.
             order = sorted(batch.decodes, key=lambda item: item.seq.lora_slot)
             hidden = self.decode_graphs.run(self.decode_rows(order))
+        elif self.native_decode is not None and batch.decodes and not batch.prefills:
+            hidden = self._run_native(self.decode_rows(order))
         if hidden is not None:
             row_of = {id(item): row for row, item in enumerate(order)}
             samplers = [row_of[id(item)] for item in batch.decodes for _ in item.samplers]
@@ -126,6 +140,18 @@ class ModelRunner:
         self.faults.check(batch)
         logits = self.model.lm_head(hidden.index_select(0, logits_index)).float()  # [S, vocab] float32
         return self.sampler(logits, batch.sampling_rows, None if masks is None else masks.result())
+
+    def _run_native(self, rows: DecodeRows) -> torch.Tensor | None:
+        """A decode-only step in one native call; None where its LoRA needs more (DoRA)."""
+        assert self.native_decode is not None
+        adapted = [slot for slot in rows.lora_slots if slot != NO_ADAPTER]
+        if any(self.adapter_slots.has_dora[slot] for slot in adapted):
+            return None
+        lora = RowChunks.of_segments([1] * len(rows), rows.lora_slots) if adapted else None
+        return self.native_decode(
+            rows.input_ids, rows.positions, rows.slot_blocks, rows.slot_offsets, rows.block_tables,
+            rows.context_lens, lora,
+        )  # fmt: skip
 
     def decode_rows(self, decodes: list[ScheduledSequence]) -> DecodeRows:
         """The decodes row by row: a CUDA graph's inputs, or the first rows of an eager step."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from sgmv_kernels.build import load_library
+from sgmv_kernels.build import entry_point, load_library
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
 _FUNCTIONS = {torch.float32: "paged_decode_attention_float32", torch.bfloat16: "paged_decode_attention_bfloat16"}
@@ -28,6 +28,9 @@ class DecodeAttentionKernel:
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
+
+    def entry_point(self, dtype: torch.dtype) -> int:
+        return entry_point(self._functions[dtype])
 
     def __call__(
         self,

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from loraserve.models.layer_ops import LayerOps
-from sgmv_kernels.build import load_library
+from sgmv_kernels.build import entry_point, load_library
 
 SOURCE = Path(__file__).with_name("layer_ops_cpu.cpp")
 _DTYPE_SUFFIXES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -39,6 +39,10 @@ class LayerOpsKernel(LayerOps):
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in _DTYPE_SUFFIXES
+
+    def entry_point(self, name: str, dtype: torch.dtype) -> int:
+        """The address of op `name` for `dtype` rows (a key of _SIGNATURES)."""
+        return entry_point(self._functions[(name, dtype)])
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from sgmv_kernels.build import load_library
+from sgmv_kernels.build import entry_point, load_library
 
 SOURCE = Path(__file__).with_name("linear_cpu.cpp")
 BLOCK = 32  # int8 weights: elements one scale covers (q8_0's block)
@@ -124,6 +124,10 @@ class LinearKernel:
         self._int8_outputs.restype, self._int8_outputs.argtypes = ctypes.c_int64, [_I]
         self._pack_int8 = library.int8_pack
         self._pack_int8.restype, self._pack_int8.argtypes = None, [_P, _P, _I, _I, _P, _P]
+
+    def entry_point(self, weights: str, dtype: torch.dtype) -> int:
+        """The address of the matmul for `weights` ("bfloat16" or "int8") and `dtype` rows."""
+        return entry_point(self._functions[("bf16" if weights == "bfloat16" else weights, dtype)])
 
     def pack_bfloat16(self, weight: torch.Tensor) -> PackedBfloat16:
         """`weight` [N, K] rounded to bfloat16 and laid out as the kernel reads it."""

@@ -1,0 +1,215 @@
+"""A decode step on the CPU in one native call (decode_step_cpu.cpp).
+
+At batch 1 a decode step of the default model reads ~143 MB of int8 weights: about 3.5 ms on a
+Zen 5 core pair. Run layer by layer from Python, its ~270 kernel calls and the glue between them
+cost about as much again. Planned here once (weights, KV caches, adapter tables, kernels), the
+step runs every layer in C++ and Python only hands it the rows: what CUDA graphs are to the GPU.
+
+It serves decode-only steps whose every matmul is our own kernel's (`--weights bfloat16` or
+`int8`, cpu_linear.py) and whose adapters the compiled LoRA kernel applies (no DoRA); any other
+step runs layer by layer, as before, with the same kernels in the same order: the same bits.
+
+Built on first use for this machine (sgmv_kernels/build.py); `plan_decode_step` returns None
+where it cannot serve (no compiler, torch ops, float32 weights).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from loraserve.models.cpu_attention import DecodeAttentionKernel
+from loraserve.models.cpu_layer_ops import LayerOpsKernel
+from loraserve.models.cpu_linear import NarrowMatmul
+from loraserve.models.linear import Linear
+from loraserve.models.llama import KVCache, LlamaForCausalLM
+from sgmv_kernels.build import load_library
+from sgmv_kernels.native import LoraKernel, ProjectionGroup, RowChunks
+
+SOURCE = Path(__file__).with_name("decode_step_cpu.cpp")
+_SUFFIXES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Matmul(ctypes.Structure):
+    _fields_ = [("weights", _P), ("scales", _P), ("bias", _P), ("n", _I), ("k", _I)]
+
+
+class _LoraGroup(ctypes.Structure):
+    _fields_ = [("a_rows", _P), ("b_rows", _P), ("ranks", _P), ("scales", _P), ("widths", _P), ("num_projections", _I)]
+
+
+_MATMULS = ("qkv", "o", "gate_up", "down")
+_LORA_GROUPS = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
+}
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", _P),
+        ("post_attention_norm", _P),
+        *((name, _Matmul) for name in _MATMULS),
+        *((f"lora_{name}", _LoraGroup) for name in _MATMULS),
+        ("k_cache", _P),
+        ("v_cache", _P),
+    ]
+
+
+_KERNELS = ("add_rms_norm", "silu_mul", "rotary_store_kv", "attention", "lora_add", "linear_bfloat16", "linear_int8")
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [(name, _P) for name in _KERNELS]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("kernels", _Kernels),
+        ("layers", ctypes.POINTER(_Layer)),
+        ("num_layers", _I),
+        ("final_norm", _P),
+        *((name, _I) for name in ("hidden", "intermediate", "num_heads", "num_kv_heads", "head_dim")),
+        ("block_size", _I),
+        ("block_stride", _I),
+        ("eps", ctypes.c_double),
+        ("scale", ctypes.c_double),
+        ("lora_pool", _P),
+        ("lora_num_slots", _I),
+        ("lora_max_rank", _I),
+    ]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [
+        ("rows", _I),
+        *((name, _P) for name in ("x", "cos", "sin", "slot_blocks", "slot_offsets", "block_tables")),
+        ("max_blocks", _I),
+        ("context_lens", _P),
+        ("lora_order", _P),
+        ("lora_chunks", _P),
+        ("lora_num_chunks", _I),
+        ("workspace", _P),
+        ("out", _P),
+        ("threads", _I),
+    ]
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+class CpuDecodeStep:
+    """The model's decode steps as one native call each; plan once with `plan_decode_step`."""
+
+    def __init__(self, library: ctypes.CDLL, model: LlamaForCausalLM, plan: _Model, keep: list[object]) -> None:
+        self._model, self._plan, self._keep = model, plan, keep  # keep: what the plan points into
+        self._run = getattr(library, f"decode_step_{_SUFFIXES[model.dtype]}")
+        self._run.restype, self._run.argtypes = None, [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
+        self._workspace = library.decode_step_workspace
+        self._workspace.restype, self._workspace.argtypes = _I, [ctypes.POINTER(_Model), _I]
+
+    def __call__(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slot_blocks: list[int],
+        slot_offsets: list[int],
+        block_tables: list[list[int]],
+        context_lens: list[int],
+        lora: RowChunks | None,  # None: no row uses an adapter
+    ) -> torch.Tensor:  # [rows, hidden] after the final norm, as the model's forward returns it
+        model, rows = self._model, len(input_ids)
+        ids, where = torch.tensor(input_ids), torch.tensor(positions)
+        x = F.embedding(ids, model.embed_tokens).to(model.dtype)
+        cos, sin = model.rope.cos[where], model.rope.sin[where]
+        max_blocks = max(len(table) for table in block_tables)
+        tables = torch.tensor([table + [0] * (max_blocks - len(table)) for table in block_tables])
+        blocks, offsets, lens = torch.tensor(slot_blocks), torch.tensor(slot_offsets), torch.tensor(context_lens)
+        workspace = x.new_empty(self._workspace(ctypes.byref(self._plan), rows))
+        out = torch.empty_like(x)
+        step = _Step(
+            rows, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), blocks.data_ptr(), offsets.data_ptr(),
+            tables.data_ptr(), max_blocks, lens.data_ptr(), lora.order.data_ptr() if lora else None,
+            lora.chunks.data_ptr() if lora else None, lora.chunks.shape[0] if lora else 0, workspace.data_ptr(),
+            out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        self._run(ctypes.byref(self._plan), ctypes.byref(step))
+        return out
+
+
+def plan_decode_step(
+    model: LlamaForCausalLM,
+    kv_caches: list[KVCache],
+    layer_ops: LayerOpsKernel | None,
+    attention: DecodeAttentionKernel | None,
+    lora: LoraKernel | None,
+    lora_tables: Callable[[int, tuple[str, ...]], ProjectionGroup],  # AdapterSlots.projection_group
+    cache_dir: Path,
+) -> CpuDecodeStep | None:
+    """The native step for this model, or None where it cannot serve (see the module's docstring)."""
+    dtype = model.dtype
+    narrow = [module.narrow for module in model.modules() if isinstance(module, Linear)]
+    if dtype not in _SUFFIXES or not all(isinstance(matmul, NarrowMatmul) for matmul in narrow):
+        return None
+    if layer_ops is None or attention is None or lora is None:
+        return None
+    library = load_library(SOURCE, cache_dir, "decode steps run layer by layer")
+    if library is None:
+        return None
+    linear = narrow[0].kernel  # type: ignore[union-attr]
+    kernels = _Kernels(
+        layer_ops.entry_point("add_rms_norm", dtype), layer_ops.entry_point("silu_mul", dtype),
+        layer_ops.entry_point("rotary_store_kv", dtype), attention.entry_point(dtype), lora.entry_point(dtype),
+        linear.entry_point("bfloat16", dtype), linear.entry_point("int8", dtype),
+    )  # fmt: skip
+    keep: list[object] = []  # every table a plan points into, alive as long as the plan
+    layers = []
+    for index, (layer, (k_cache, v_cache)) in enumerate(zip(model.decoder_layers, kv_caches, strict=True)):
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
+        groups = {name: lora_tables(index, projections) for name, projections in _LORA_GROUPS.items()}
+        keep += [*linears.values(), *groups.values()]
+        planned = _Layer(
+            layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+            *(_matmul(linears[name]) for name in _MATMULS), *(_lora_group(groups[name]) for name in _MATMULS),
+            k_cache.data_ptr(), v_cache.data_ptr(),
+        )  # fmt: skip
+        layers.append(planned)
+    table = (_Layer * len(layers))(*layers)
+    spec, (k_cache, _) = model.spec, kv_caches[0]
+    pool = groups["qkv"].pool
+    _, num_slots, max_rank = groups["qkv"].a_rows.shape
+    plan = _Model(
+        kernels, ctypes.cast(table, ctypes.POINTER(_Layer)), len(layers), model.norm.weight.data_ptr(),
+        spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+        k_cache.shape[1], k_cache.stride(0), spec.rms_norm_eps, spec.head_dim**-0.5, pool.data_ptr(), num_slots,
+        max_rank,
+    )  # fmt: skip
+    return CpuDecodeStep(library, model, plan, [table, pool, *keep])
+
+
+def _matmul(linear: Linear) -> _Matmul:
+    matmul = linear.narrow
+    assert isinstance(matmul, NarrowMatmul)
+    if matmul.int8 is not None:
+        packed = matmul.int8
+        weights, scales = packed.values.data_ptr(), packed.scales.data_ptr()
+    else:
+        assert matmul.bfloat16 is not None
+        packed, scales = matmul.bfloat16, None  # type: ignore[assignment]
+        weights = matmul.bfloat16.packed.data_ptr()
+    return _Matmul(weights, scales, _pointer(linear.bias), packed.out_features, packed.in_features)
+
+
+def _lora_group(group: ProjectionGroup) -> _LoraGroup:
+    tables = (group.a_rows, group.b_rows, group.ranks, group.scales, group.widths)
+    assert all(table.is_contiguous() for table in tables), "lora_cpu.cpp reads the tables as they lie"
+    return _LoraGroup(*(table.data_ptr() for table in tables), group.widths.shape[0])

@@ -1,0 +1,199 @@
+// A whole decode step of a Llama-family model in one call: every layer's kernels run back to back
+// without coming back to Python between them (about 270 calls a token for the default model).
+//
+// The kernels are those the model calls one by one (linear_cpu.cpp, layer_ops_cpu.cpp,
+// paged_attention_cpu.cpp, sgmv_kernels/lora_cpu.cpp), each built as its own library; the plan
+// reaches them through function pointers. Python plans once (weights, caches, adapter tables:
+// cpu_decode_step.py) and hands each step only its rows. The order of operations is llama.py's,
+// so the result is the same to the last bit.
+#include <cstdint>
+
+#include "cpu_vectors.h"
+
+namespace {
+
+// A base-model matmul as linear_cpu.cpp holds its weight.
+struct Matmul {
+    const void* weights;  // bfloat16 panels, or int8 values
+    const void* scales;   // int8's block scales (float16); null: bfloat16 panels
+    const void* bias;     // [n] in the compute dtype, or null
+    int64_t n, k;
+};
+
+// One group of projections sharing an input, as lora_cpu.cpp reads its tables (lora/slots.py).
+struct LoraGroup {
+    const int64_t* a_rows;
+    const int64_t* b_rows;
+    const int32_t* ranks;
+    const float* scales;
+    const int64_t* widths;
+    int64_t num_projections;
+};
+
+struct Layer {
+    const void* input_norm;
+    const void* post_attention_norm;
+    Matmul qkv, o, gate_up, down;
+    LoraGroup lora_qkv, lora_o, lora_gate_up, lora_down;
+    void* k_cache;  // [num_blocks, block_size, Hkv, D]
+    void* v_cache;
+};
+
+// The kernels' entry points, as void* so that Python fills them; cast where called.
+struct Kernels {
+    void* add_rms_norm;
+    void* silu_mul;
+    void* rotary_store_kv;
+    void* attention;
+    void* lora_add;
+    void* linear_bfloat16;
+    void* linear_int8;
+};
+
+struct Model {
+    Kernels kernels;
+    const Layer* layers;
+    int64_t num_layers;
+    const void* final_norm;
+    int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, block_stride;
+    double eps, scale;
+    const void* lora_pool;
+    int64_t lora_num_slots, lora_max_rank;
+};
+
+// One step's rows (all one token each).
+struct Step {
+    int64_t rows;
+    void* x;  // [rows, hidden] the embedded tokens in; the residual stream from there on
+    const void* cos;  // [rows, head_dim]
+    const void* sin;
+    const int64_t* slot_blocks;  // [rows] where each row writes its K and V
+    const int64_t* slot_offsets;
+    const int64_t* block_tables;  // [rows, max_blocks]
+    int64_t max_blocks;
+    const int64_t* context_lens;  // [rows]
+    const int64_t* lora_order;    // lora_cpu.cpp's row chunks; lora_num_chunks 0: no adapted row
+    const int32_t* lora_chunks;
+    int64_t lora_num_chunks;
+    void* workspace;  // decode_step_workspace(model, rows) elements
+    void* out;        // [rows, hidden] after the final norm
+    int64_t threads;
+};
+
+template <typename T>
+struct Buffers {
+    T *normed, *qkv, *attended, *delta, *gate_up, *activated;
+};
+
+int64_t qkv_width(const Model& m) { return (m.num_heads + 2 * m.num_kv_heads) * m.head_dim; }
+
+template <typename T>
+Buffers<T> carve(const Model& m, int64_t rows, T* next) {
+    auto take = [&](int64_t width) {
+        T* taken = next;
+        next += rows * width;
+        return taken;
+    };
+    Buffers<T> b;
+    b.normed = take(m.hidden);
+    b.qkv = take(qkv_width(m));
+    b.attended = take(m.num_heads * m.head_dim);
+    b.delta = take(m.hidden);
+    b.gate_up = take(2 * m.intermediate);
+    b.activated = take(m.intermediate);
+    return b;
+}
+
+int64_t workspace_elements(const Model& m, int64_t rows) {
+    return rows * (2 * m.hidden + qkv_width(m) + m.num_heads * m.head_dim + 3 * m.intermediate);
+}
+
+template <typename T>
+class StepRunner {
+   public:
+    StepRunner(const Model& m, const Step& s)
+        : m_(m), s_(s), threads_(int(s.threads)), b_(carve(m, s.rows, static_cast<T*>(s.workspace))) {}
+
+    void run() {
+        T* residual = static_cast<T*>(s_.x);
+        const T* delta = nullptr;  // the first layer's stream is the embedding alone
+        for (int64_t i = 0; i < m_.num_layers; i++) {
+            const Layer& layer = m_.layers[i];
+            norm(delta, residual, layer.input_norm, b_.normed);
+            project(layer.qkv, layer.lora_qkv, b_.normed, b_.qkv);
+            attend(layer);
+            project(layer.o, layer.lora_o, b_.attended, b_.delta);
+            norm(b_.delta, residual, layer.post_attention_norm, b_.normed);
+            project(layer.gate_up, layer.lora_gate_up, b_.normed, b_.gate_up);
+            reinterpret_cast<void (*)(const T*, T*, int64_t, int64_t, int)>(m_.kernels.silu_mul)(
+                b_.gate_up, b_.activated, s_.rows, m_.intermediate, threads_);
+            project(layer.down, layer.lora_down, b_.activated, b_.delta);
+            delta = b_.delta;
+        }
+        norm(delta, residual, m_.final_norm, static_cast<T*>(s_.out));
+    }
+
+   private:
+    // residual += delta (none: as it is), out = RMSNorm(residual) * weight.
+    void norm(const T* delta, T* residual, const void* weight, T* out) {
+        using Fn = void (*)(const T*, T*, const T*, T*, int64_t, int64_t, float, int);
+        reinterpret_cast<Fn>(m_.kernels.add_rms_norm)(delta, residual, static_cast<const T*>(weight), out, s_.rows,
+                                                      m_.hidden, float(m_.eps), threads_);
+    }
+
+    // out = x W^T (+ bias), then each adapted row's LoRA added, as llama.py's project().
+    void project(const Matmul& w, const LoraGroup& lora, const T* x, T* out) {
+        if (w.scales != nullptr) {
+            using Fn = void (*)(const T*, int64_t, int64_t, const int8_t*, const uint16_t*, int64_t, T*, int);
+            reinterpret_cast<Fn>(m_.kernels.linear_int8)(x, s_.rows, w.k, static_cast<const int8_t*>(w.weights),
+                                                         static_cast<const uint16_t*>(w.scales), w.n, out, threads_);
+        } else {
+            using Fn = void (*)(const T*, int64_t, int64_t, const BFloat16*, int64_t, T*, int);
+            reinterpret_cast<Fn>(m_.kernels.linear_bfloat16)(x, s_.rows, w.k, static_cast<const BFloat16*>(w.weights),
+                                                             w.n, out, threads_);
+        }
+        if (w.bias != nullptr) {
+            const T* bias = static_cast<const T*>(w.bias);
+            for (int64_t r = 0; r < s_.rows; r++)
+                for (int64_t j = 0; j < w.n; j++) store(out + r * w.n + j, load(out[r * w.n + j]) + load(bias[j]));
+        }
+        if (s_.lora_num_chunks == 0) return;
+        using Fn = void (*)(const T*, int64_t, int64_t, const T*, const int64_t*, const int64_t*, const int32_t*,
+                            const float*, int64_t, int64_t, const int64_t*, int64_t, const int64_t*, const int32_t*,
+                            int64_t, T*, int64_t, int);
+        reinterpret_cast<Fn>(m_.kernels.lora_add)(x, w.k, w.k, static_cast<const T*>(m_.lora_pool), lora.a_rows,
+                                                  lora.b_rows, lora.ranks, lora.scales, m_.lora_num_slots,
+                                                  m_.lora_max_rank, lora.widths, lora.num_projections, s_.lora_order,
+                                                  s_.lora_chunks, s_.lora_num_chunks, out, w.n, threads_);
+    }
+
+    // Rotate q and k, write k and v to the cache, attend: `attended` [rows, Hq * D].
+    void attend(const Layer& layer) {
+        T* k_cache = static_cast<T*>(layer.k_cache);
+        T* v_cache = static_cast<T*>(layer.v_cache);
+        const int64_t width = qkv_width(m_);
+        using Rotary = void (*)(T*, int64_t, const T*, const T*, int64_t, int64_t, int64_t, int64_t, T*, T*, int64_t,
+                                const int64_t*, const int64_t*, int);
+        reinterpret_cast<Rotary>(m_.kernels.rotary_store_kv)(
+            b_.qkv, width, static_cast<const T*>(s_.cos), static_cast<const T*>(s_.sin), s_.rows, m_.num_heads,
+            m_.num_kv_heads, m_.head_dim, k_cache, v_cache, m_.block_stride, s_.slot_blocks, s_.slot_offsets, threads_);
+        using Attention = void (*)(const T*, int64_t, const T*, const T*, int64_t, const int64_t*, int64_t,
+                                   const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, int);
+        reinterpret_cast<Attention>(m_.kernels.attention)(
+            b_.qkv, width, k_cache, v_cache, m_.block_stride, s_.block_tables, s_.max_blocks, s_.context_lens, s_.rows,
+            m_.num_heads, m_.num_kv_heads, m_.head_dim, m_.block_size, float(m_.scale), b_.attended, threads_);
+    }
+
+    const Model& m_;
+    const Step& s_;
+    const int threads_;
+    const Buffers<T> b_;
+};
+
+}  // namespace
+
+extern "C" {
+int64_t decode_step_workspace(const Model* model, int64_t rows) { return workspace_elements(*model, rows); }
+void decode_step_float32(const Model* model, const Step* step) { StepRunner<float>(*model, *step).run(); }
+void decode_step_bfloat16(const Model* model, const Step* step) { StepRunner<BFloat16>(*model, *step).run(); }
+}

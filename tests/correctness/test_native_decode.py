@@ -1,0 +1,107 @@
+"""A decode step in one native call (models/cpu_decode_step.py) gives the layer-by-layer step's
+results bit for bit: the same tokens and the same log-probs, over a batch mixing adapters and
+the base model, for every weights mode it serves, in the build for this CPU and the AVX2 one;
+with q/k/v biases; and a step it cannot serve (a DoRA adapter's row) runs layer by layer."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from loraserve import LLM, SamplingParams
+from loraserve.resources import SAMPLE_ADAPTERS
+from sgmv_kernels.build import MARCH_VARIABLE
+from tests.conftest import CHAT_PROMPTS
+from tests.kernels.test_cpu_linear import MARCHES
+
+pytestmark = pytest.mark.slow
+
+ADAPTERS = ["pirate", None, "robot", "pirate"]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
+
+
+class CountingStep:
+    """Counts the steps the native call served, and the adapter slots their rows used."""
+
+    def __init__(self, step) -> None:
+        self.step, self.served, self.slots = step, 0, set()
+
+    def __call__(self, *rows):
+        self.served += 1
+        lora = rows[-1]
+        self.slots |= set() if lora is None else set(lora.chunks[:, 2].tolist())
+        return self.step(*rows)
+
+
+def both_ways(llm: LLM, prompts, adapters) -> tuple[list, list, CountingStep]:
+    """(outputs with the native step, outputs layer by layer, what the native call served)."""
+    runner = llm.engine.model_runner
+    assert runner.native_decode is not None, "this mode's decode steps should be one native call"
+    step = runner.native_decode
+    counting = runner.native_decode = CountingStep(step)
+    native = llm.generate(prompts, PARAMS, adapters=adapters, use_tqdm=False)
+    runner.native_decode = None
+    layered = llm.generate(prompts, PARAMS, adapters=adapters, use_tqdm=False)
+    runner.native_decode = step
+    return native, layered, counting
+
+
+def tokens_and_logprobs(outputs) -> list:
+    return [(c.token_ids, [(p.logprob, p.top) for p in c.logprobs]) for o in outputs for c in o.outputs]
+
+
+@pytest.mark.parametrize(
+    "dtype, weights, march",
+    [("float32", "int8", m) for m in MARCHES] + [("float32", "bfloat16", m) for m in MARCHES]
+    + [("bfloat16", "int8", "native")],
+)  # fmt: skip
+def test_native_step_gives_the_layered_steps_bits_over_mixed_adapters(dtype, weights, march, monkeypatch):
+    monkeypatch.setenv(MARCH_VARIABLE, march)
+    llm = LLM(dtype=dtype, weights=weights, num_pages=256, max_loras=2, prefix_caching=False)
+    for name in ("pirate", "robot"):
+        llm.add_adapter(name, SAMPLE_ADAPTERS / name)
+    prompts = [llm.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[: len(ADAPTERS)]]
+    native, layered, served = both_ways(llm, prompts, ADAPTERS)
+    llm.engine.close()
+    assert served.served == PARAMS.max_tokens - 1  # every step after the prompts'
+    assert tokens_and_logprobs(native) == tokens_and_logprobs(layered)
+
+
+def test_native_step_adds_qkv_biases(model_dir, tmp_path):
+    config = Qwen2Config(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(model_dir / name, tmp_path / name)
+    llm = LLM(str(tmp_path), dtype="float32", weights="bfloat16", num_pages=64)
+    prompts = [[5, 17, 300, 4000, 12], [9, 8, 7, 6, 5, 4, 3, 2, 1, 99, 123]]
+    native, layered, served = both_ways(llm, prompts, None)
+    llm.engine.close()
+    assert served.served == PARAMS.max_tokens - 1
+    assert tokens_and_logprobs(native) == tokens_and_logprobs(layered)
+
+
+def test_a_dora_row_sends_its_step_layer_by_layer(model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    dora = LoraConfig(r=4, lora_alpha=8, use_dora=True, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, dora).save_pretrained(tmp_path)
+    llm = LLM(dtype="float32", weights="int8", num_pages=256, max_loras=2, prefix_caching=False)
+    llm.add_adapter("dora", tmp_path)
+    llm.add_adapter("pirate", SAMPLE_ADAPTERS / "pirate")
+    prompts = [llm.chat_prompt_ids(conversation) for conversation in CHAT_PROMPTS[:2]]
+    native, layered, served = both_ways(llm, prompts, ["dora", "pirate"])
+    dora_slot = llm.engine.adapters.record("dora").slot
+    only_pirate = both_ways(llm, prompts[1:], ["pirate"])
+    llm.engine.close()
+    assert dora_slot not in served.slots, "a step with a DoRA row ran natively"
+    assert tokens_and_logprobs(native) == tokens_and_logprobs(layered)
+    assert only_pirate[2].served == PARAMS.max_tokens - 1  # the same adapters' tables, no DoRA row: native

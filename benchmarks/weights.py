@@ -3,7 +3,8 @@
 A decode step reads every matmul weight once: its floor is the weights' bytes over the memory
 bandwidth, measured here as the best of a few streaming reads of 1 GiB. Per mode: one chat
 (base, and with an adapter), and 32 chats over 8 adapters (rank 16, all projections), 64
-tokens each, greedy, EOS ignored, prefix cache off, best of --repeats.
+tokens each, greedy, EOS ignored, prefix cache off, best of --repeats. Then llama.cpp's
+llama-server on the same token ids, per weights type of the same bytes (f32, f16, bf16, q8_0).
 
     loraserve bench weights            # writes its section of docs/benchmarks.md
     loraserve bench weights --quick    # a smoke run, nothing written
@@ -12,13 +13,18 @@ tokens each, greedy, EOS ignored, prefix cache off, best of --repeats.
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from benchmarks.engines import engine_over
+from benchmarks.offline import run_system
+from benchmarks.peers.envs import LLAMA_CPP
+from benchmarks.peers.job import JobWorkload
 from benchmarks.random_adapters import write_random_adapters
 from benchmarks.report import add_report_flags, machine_description, write_section
 from loraserve import LLM, SamplingParams
@@ -29,6 +35,9 @@ from loraserve.models.dtypes import cpu_has_native_bf16
 from loraserve.models.linear import Linear
 from loraserve.models.loader import load_model
 
+CHATS = 32
+# llama.cpp's weights types, and ours of the same bytes a weight.
+LLAMA_CPP_TYPES = {"f32": "float32", "f16": "bfloat16", "bf16": "bfloat16", "q8_0": "int8"}
 PROMPT = "Write a short story about a lighthouse keeper and the storm that changed everything."
 
 
@@ -57,15 +66,51 @@ def weight_bytes(loaded: LoadedModel) -> int:
     return total
 
 
-def tokens_per_second(llm: LLM, prompts: list[str], adapters: list[str] | None, tokens: int, repeats: int) -> float:
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    llm.generate(prompts, params, adapters=adapters, use_tqdm=False)  # warm: kernels built, adapters loaded
+def workloads(llm: LLM, names: list[str], tokens: int) -> list[JobWorkload]:
+    """One chat (base), one chat with an adapter, and 32 chats over the adapters, as token ids."""
+    one = [llm.tokenizer.encode(PROMPT)]
+    many = [llm.tokenizer.encode(f"{PROMPT} ({i})") for i in range(CHATS)]
+    return [
+        JobWorkload("one", one, [tokens], [None]),
+        JobWorkload("one-adapter", one, [tokens], names[:1]),
+        JobWorkload("mixed", many, [tokens] * CHATS, [names[i % len(names)] for i in range(CHATS)]),
+    ]
+
+
+def tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
+    """The best of `repeats` runs, after a warm-up run (kernels built, adapters loaded)."""
+    params = SamplingParams(temperature=0.0, max_tokens=workload.output_lens[0], ignore_eos=True)
+    run = functools.partial(llm.generate, workload.prompts, params, adapters=workload.adapters, use_tqdm=False)
+    run()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        llm.generate(prompts, params, adapters=adapters, use_tqdm=False)
+        run()
         best = min(best, time.perf_counter() - start)
-    return len(prompts) * tokens / best
+    return sum(workload.output_lens) / best
+
+
+def llama_cpp_rows(
+    model_dir: Path, adapter_dirs: list[Path], jobs: list[JobWorkload], repeats: int, work: Path
+) -> list[str]:
+    """llama.cpp's llama-server on the same workloads, per weights type of the same bytes, best of `repeats`."""
+    rows = []
+    for outtype in LLAMA_CPP_TYPES:
+        job = {
+            "model": str(model_dir), "dtype": "bfloat16", "adapters": {p.name: str(p) for p in adapter_dirs},
+            "workloads": [asdict(w) for w in jobs], "repeats": repeats, "max_num_seqs": CHATS,
+            "max_lora_rank": 16, "options": {"outtype": outtype},
+        }  # fmt: skip
+        outcome = run_system(f"llama.cpp-{outtype}", LLAMA_CPP, job, None, work)
+        if outcome.error:
+            print(f"llama.cpp {outtype}: {outcome.error}", flush=True)
+            rows.append(f"| llama.cpp {outtype} | {outcome.error} | | |")
+            continue
+        one, adapter, mixed = (max(outcome.rates[w.name]) for w in jobs)
+        row = f"| llama.cpp {outtype} ({LLAMA_CPP_TYPES[outtype]}) | {one:.1f} | {adapter:.1f} | {mixed:.0f} |"
+        print(row, flush=True)
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,15 +118,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", nargs="+", default=None, help="dtype:weights pairs (default: all this CPU runs)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument(
+        "--peer", choices=["llama.cpp", "none"], default=None,
+        help="run llama.cpp's llama-server beside us (default: yes, but not with --quick; built on first use)",
+    )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
     modes = args.modes or ["float32:float32", "float32:bfloat16", "float32:int8"]
     if args.modes is None and cpu_has_native_bf16():
         modes += ["bfloat16:bfloat16", "bfloat16:int8"]
     tokens, repeats = (8, 1) if args.quick else (args.tokens, args.repeats)
+    peer = (args.peer or ("none" if args.quick else "llama.cpp")) == "llama.cpp"
     bandwidth = streaming_read_gbs()
     print(f"streaming read: {bandwidth:.1f} GB/s", flush=True)
-    rows = []
+    rows, peer_rows = [], []
     with tempfile.TemporaryDirectory() as scratch:
         adapter_dirs: list[Path] = []
         for mode in modes:
@@ -89,42 +139,52 @@ def main(argv: list[str] | None = None) -> None:
             loaded = load_model(ModelConfig(dtype=dtype, weights=weights))
             if not adapter_dirs:
                 adapter_dirs = write_random_adapters(loaded.model.spec, 8, Path(scratch), ranks=(16,))
-            llm = LLM.from_engine(engine_over(loaded, max_num_seqs=32, max_loras=8, prefix_caching=False))
-            names = [f"adapter-{i}" for i in range(len(adapter_dirs))]
-            for name, path in zip(names, adapter_dirs, strict=True):
-                llm.add_adapter(name, path)
+            model_dir = loaded.model_dir
+            llm = LLM.from_engine(engine_over(loaded, max_num_seqs=CHATS, max_loras=8, prefix_caching=False))
+            for path in adapter_dirs:
+                llm.add_adapter(path.name, path)
+            jobs = workloads(llm, [path.name for path in adapter_dirs], tokens)
             megabytes = weight_bytes(loaded) / 1e6
             floor = bandwidth * 1e3 / megabytes
-            one = tokens_per_second(llm, [PROMPT], None, tokens, repeats)
-            one_adapter = tokens_per_second(llm, [PROMPT], names[:1], tokens, repeats)
-            prompts = [f"{PROMPT} ({i})" for i in range(32)]
-            mixed = tokens_per_second(llm, prompts, [names[i % len(names)] for i in range(32)], tokens, repeats)
+            one, one_adapter, mixed = (tokens_per_second(llm, job, repeats) for job in jobs)
             row = f"| {dtype} | {weights} | {megabytes:.0f} | {floor:.0f} | {one:.1f} ({one / floor:.2f}) "
             row += f"| {one_adapter:.1f} | {mixed:.0f} |"
             print(row, flush=True)
             rows.append(row)
             llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
             del llm, loaded
-    body = "\n".join(
-        [
-            "## Weights: float32, bfloat16 and int8 (q8_0) on the CPU",
+        if peer:
+            peer_rows = llama_cpp_rows(model_dir, adapter_dirs, jobs, repeats, Path(scratch))
+    body = [
+        "## Weights: float32, bfloat16 and int8 (q8_0) on the CPU",
+        "",
+        f"Command: `loraserve bench weights {' '.join(argv or [])}`. Machine: {machine_description()}.",
+        "",
+        f"Streaming read: {bandwidth:.1f} GB/s (best of a sum, a max and a matrix-vector product over 1 GiB). "
+        "Floor: that bandwidth over the bytes of the matmul weights (one decode step reads each once). "
+        f"{tokens} tokens a chat, greedy, EOS ignored, prefix cache off, best of {repeats}; "
+        f"{len(adapter_dirs)} random adapters of rank 16 on all projections.",
+        "",
+        "| compute | weights | weight MB | floor tok/s | 1 chat tok/s (of floor) | 1 chat, adapter "
+        "| 32 chats, 8 adapters |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+    if peer_rows:
+        body += [
             "",
-            f"Command: `loraserve bench weights {' '.join(argv or [])}`. Machine: {machine_description()}.",
+            "llama.cpp in the same run: `llama-server` built by the peers' harness (benchmarks/peers), the same "
+            "model and adapters converted by its own converters (adapters bf16 over q8_0), a slot per chat, "
+            "the same token ids over HTTP, best of the same repeats.",
             "",
-            f"Streaming read: {bandwidth:.1f} GB/s (best of a sum, a max and a matrix-vector product over 1 GiB). "
-            "Floor: that bandwidth over the bytes of the matmul weights (one decode step reads each once). "
-            f"{tokens} tokens a chat, greedy, EOS ignored, prefix cache off, best of {repeats}; "
-            "8 random adapters of rank 16 on all projections.",
-            "",
-            "| compute | weights | weight MB | floor tok/s | 1 chat tok/s (of floor) | 1 chat, adapter "
-            "| 32 chats, 8 adapters |",
-            "|---|---|---:|---:|---:|---:|---:|",
-            *rows,
+            "| llama.cpp weights (as ours) | 1 chat tok/s | 1 chat, adapter | 32 chats, 8 adapters |",
+            "|---|---:|---:|---:|",
+            *peer_rows,
         ]
-    )
+    text = "\n".join(body)
     if not args.quick:
-        write_section(args.output, "bench-weights", body)
-    print(body)
+        write_section(args.output, "bench-weights", text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 """llama.cpp's runner: `llama-server` with every adapter loaded at start and applied per request.
 
-The job's safetensors model is converted to a GGUF of the job's dtype (bfloat16 or float32), and
-each PEFT adapter to a GGUF LoRA (unless it is a .gguf file already), with llama.cpp's own
-converters; `options.gguf` names a GGUF to serve instead (the shipped Q4_1 file: what a
-llama.cpp user runs). The server gets one slot per request (`-np`), a unified KV cache and
-continuous batching; every request is posted at once, each naming its adapter in the `lora`
-field (the others at scale 0), greedy, EOS ignored, prompt caches off. llama.cpp batches only
-requests with the same LoRA configuration together. A base-model request names the first
-adapter at scale 0: one that names none runs with the server's own list, every loaded adapter
-at scale 0, and all of them are computed (measured: 7 against 259 tok/s for 32 requests with
-32 adapters loaded).
+The job's safetensors model is converted to a GGUF of the job's dtype (bfloat16 or float32), or
+of `options.outtype` (f16, q8_0: another weights type), and each PEFT adapter to a GGUF LoRA
+(unless it is a .gguf file already), with llama.cpp's own converters; `options.gguf` names a
+GGUF to serve instead (the shipped Q4_1 file: what a llama.cpp user runs). The server gets one
+slot per request (`-np`), a unified KV cache and continuous batching; every request is posted at
+once, each naming its adapter in the `lora` field (the others at scale 0), greedy, EOS ignored,
+prompt caches off. llama.cpp batches only requests with the same LoRA configuration together. A
+base-model request names the first adapter at scale 0: one that names none runs with the
+server's own list, every loaded adapter at scale 0, and all of them are computed (measured: 7
+against 259 tok/s for 32 requests with 32 adapters loaded).
 
     python -m benchmarks.peers.run_llama_cpp JOB RESULT          # a benchmark job (job.py)
     python -m benchmarks.peers.run_llama_cpp serve --model DIR --dtype D --port P --parallel N ADAPTER...
@@ -69,10 +69,11 @@ def converter_base(model_dir: Path, work: Path) -> Path:
 
 
 def convert(
-    source: Path, model_dir: Path, dtype: str, adapters: dict[str, str], gguf: str | None, work: Path
+    source: Path, model_dir: Path, outtype: str, adapters: dict[str, str], gguf: str | None, work: Path
 ) -> tuple[Path, list[str]]:
-    """The GGUF to serve and the adapters' GGUF files, in the order given (their ids)."""
-    outtype = OUTTYPES[dtype]
+    """The GGUF to serve (weights of `outtype`: f32, bf16, f16 or q8_0) and the adapters' GGUF files, in
+    the order given (their ids); adapters of a q8_0 model stay bf16, as ours stay 16-bit over int8."""
+    adapter_outtype = "bf16" if outtype == "q8_0" else outtype
     base = converter_base(model_dir, work)
     log = work / "convert.log"
     steps = []
@@ -81,9 +82,9 @@ def convert(
         steps.append([str(source / "convert_hf_to_gguf.py"), str(base), "--outtype", outtype, "--outfile", str(model)])
     loras, runs = [], []
     for name, path in adapters.items():
-        out = Path(path) if path.endswith(".gguf") else work / f"{name}-{outtype}.gguf"
+        out = Path(path) if path.endswith(".gguf") else work / f"{name}-{adapter_outtype}.gguf"
         if out != Path(path):
-            runs.append([path, "--base", str(base), "--outtype", outtype, "--outfile", str(out)])
+            runs.append([path, "--base", str(base), "--outtype", adapter_outtype, "--outfile", str(out)])
         loras.append(str(out))
     if runs:
         steps.append(["-c", CONVERT_ADAPTERS, str(source), json.dumps(runs)])
@@ -143,7 +144,8 @@ def setup(job: Job) -> tuple[Generate, str]:
     work = Path(tempfile.mkdtemp(prefix="llama-cpp-"))
     atexit.register(shutil.rmtree, work, ignore_errors=True)
     source = Path(os.environ["LLAMA_CPP_DIR"])
-    model, loras = convert(source, Path(job.model), job.dtype, job.adapters, job.options.get("gguf"), work)
+    outtype = job.options.get("outtype") or OUTTYPES[job.dtype]  # a weights type other than the dtype's
+    model, loras = convert(source, Path(job.model), outtype, job.adapters, job.options.get("gguf"), work)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -181,7 +183,8 @@ def serve(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True)
     adapters = {path.name: str(path) for path in args.adapters}
-    model, loras = convert(Path(os.environ["LLAMA_CPP_DIR"]), args.model, args.dtype, adapters, None, args.work)
+    source = Path(os.environ["LLAMA_CPP_DIR"])
+    model, loras = convert(source, args.model, OUTTYPES[args.dtype], adapters, None, args.work)
     command = server_command(model, loras, args.parallel, args.port)
     os.execv(command[0], [*command, "--alias", "base"])
 

@@ -84,9 +84,14 @@ def quantize_q8_0(weight: torch.Tensor) -> Int8Weights:
 class NarrowMatmul:
     """x @ W^T for one weight held narrow: what a Linear calls instead of F.linear."""
 
-    def __init__(self, kernel: LinearKernel, weight: torch.Tensor, weights: str) -> None:
+    def __init__(
+        self, kernel: LinearKernel, weight: torch.Tensor, weights: str, packed: PackedInt8 | None = None
+    ) -> None:
+        """`weight` held as `weights` ("bfloat16" or "int8"); `packed`: its int8 panels made before."""
         self.kernel = kernel
-        self.int8 = kernel.pack_int8(quantize_q8_0(weight)) if weights == "int8" else None
+        self.int8 = None
+        if weights == "int8":
+            self.int8 = packed if packed is not None else kernel.pack_int8(quantize_q8_0(weight))
         self.bfloat16 = kernel.pack_bfloat16(weight) if self.int8 is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +110,7 @@ class LinearKernel:
     """The compiled library's matmuls, with torch's thread count."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self.build = Path(library._name).name  # hashes the source, flags and CPU: the panels' layout
         self._functions: dict[tuple[str, torch.dtype], Callable[..., None]] = {}
         for weights, argtypes in (
             ("bf16", [_P, _I, _I, _P, _I, _P, _THREADS]),
@@ -158,6 +164,15 @@ class LinearKernel:
             scales.data_ptr(),
         )  # fmt: skip
         return PackedInt8(values, scales, rows, weight.in_features)
+
+    def fits_int8(self, packed: PackedInt8) -> bool:
+        """Whether `packed` has the sizes this build's panels of its shape take."""
+        padded = -(-packed.in_features // BLOCK) * BLOCK
+        outputs = self._int8_outputs(packed.out_features)
+        return (
+            packed.values.dtype == torch.int8 and packed.values.numel() == outputs * padded
+            and packed.scales.dtype == torch.float16 and packed.scales.numel() == outputs * (padded // BLOCK)
+        )  # fmt: skip
 
     def int8_weights(self, x: torch.Tensor, weight: PackedInt8) -> torch.Tensor:
         """x @ W^T for the weight the blocks stand for, x quantized to q8_0 blocks likewise."""

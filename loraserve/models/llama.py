@@ -6,6 +6,7 @@ sequences, through `AttentionMetadata`. q/k/v and gate/up are fused into one mat
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -235,12 +236,14 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, Linear) and module.narrow is None:
                 module.pack()
 
-    def hold_narrow_weights(self, narrow: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]) -> None:
-        """After loading: every matmul weight held as `narrow(weight)` (cpu_linear.NarrowMatmul), and the
-        embedding table, which is only looked up a row at a time, in bfloat16."""
-        for module in self.modules():
+    def hold_narrow_weights(
+        self, narrow: Callable[[str, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+    ) -> None:
+        """After loading: every matmul weight held as `narrow(module name, weight)` (cpu_linear.NarrowMatmul),
+        and the embedding table, which is only looked up a row at a time, in bfloat16."""
+        for name, module in self.named_modules():
             if isinstance(module, Linear):
-                module.hold_narrow(narrow)
+                module.hold_narrow(functools.partial(narrow, name))
         self.embed_tokens = nn.Parameter(self.embed_tokens.data.to(torch.bfloat16), requires_grad=False)
 
     def projection(self, layer: int, projection: str) -> tuple[Linear, slice]:

@@ -14,10 +14,12 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from loraserve.config import ModelConfig
 from loraserve.errors import ModelLoadError
-from loraserve.models.cpu_linear import NarrowMatmul, load_linear_kernel
+from loraserve.models.cpu_linear import NarrowMatmul, PackedInt8, load_linear_kernel
 from loraserve.models.default_model import MODEL_NAME, default_model_dir
 from loraserve.models.dtypes import dtype_name, resolve_dtype, resolve_weights
+from loraserve.models.linear import Linear
 from loraserve.models.llama import LlamaForCausalLM, LlamaSpec
+from loraserve.models.packed_weights_cache import PackedWeightsCache
 from loraserve.models.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
     else:
         _load_weights(model, model_dir)
     if weights != dtype_name(dtype):
-        weights = _hold_narrow(model, weights, config)
+        weights = _hold_narrow(model, weights, config, model_dir, name)
     model.pack_weights()
     logger.info("%s: %s compute, %s weights", name, dtype_name(dtype), weights)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -75,16 +77,34 @@ def load_model(config: ModelConfig) -> LoadedModel:
     )
 
 
-def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig) -> str:
+def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str) -> str:
     """Hold the matmul weights as `weights` through the CPU kernel; returns how they are held. Without
-    the kernel (no compiler): an error when asked for by name, else (auto) the compute dtype's."""
+    the kernel (no compiler): an error when asked for by name, else (auto) the compute dtype's. int8
+    panels come from the cache beside the model when it has them (packed_weights_cache.py)."""
     kernel = load_linear_kernel(config.cache_dir / "kernels")
     if kernel is None:
         if config.weights == weights:
             raise ModelLoadError(f"--weights {weights} needs the CPU matmul kernel, which could not be built")
         return dtype_name(model.dtype)
-    model.hold_narrow_weights(lambda weight: NarrowMatmul(kernel, weight, weights))
+    linears = {module_name: module for module_name, module in model.named_modules() if isinstance(module, Linear)}
+    cache, cached = None, None
+    if weights == "int8" and not config.random_weights:
+        cache = PackedWeightsCache(config.cache_dir / "weights", model_dir, name, kernel)
+        shapes = {
+            module_name: (linear.weight.shape[0], linear.weight.shape[1]) for module_name, linear in linears.items()
+        }
+        cached = cache.load(shapes)
+    model.hold_narrow_weights(
+        lambda module_name, weight: NarrowMatmul(kernel, weight, weights, (cached or {}).get(module_name))
+    )
+    if cache is not None and cached is None:
+        cache.store({module_name: _int8_panels(linear) for module_name, linear in linears.items()})
     return weights
+
+
+def _int8_panels(linear: Linear) -> PackedInt8:
+    assert isinstance(linear.narrow, NarrowMatmul) and linear.narrow.int8 is not None
+    return linear.narrow.int8
 
 
 def _read_hf_config(model_dir: Path) -> PretrainedConfig:

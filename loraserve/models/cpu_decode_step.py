@@ -36,7 +36,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 class _Matmul(ctypes.Structure):
-    _fields_ = [("weights", _P), ("scales", _P), ("bias", _P), ("n", _I), ("k", _I)]
+    _fields_ = [("weights", _P), ("scales", _P), ("mins", _P), ("bias", _P), ("n", _I), ("k", _I)]
 
 
 class _LoraGroup(ctypes.Structure):
@@ -199,14 +199,14 @@ def plan_decode_step(
 def _matmul(linear: Linear) -> _Matmul:
     matmul = linear.narrow
     assert isinstance(matmul, NarrowMatmul)
+    bias = _pointer(linear.bias)
     if matmul.int8 is not None:
-        packed = matmul.int8
-        weights, scales = packed.values.data_ptr(), packed.scales.data_ptr()
-    else:
-        assert matmul.bfloat16 is not None
-        packed, scales = matmul.bfloat16, None  # type: ignore[assignment]
-        weights = matmul.bfloat16.packed.data_ptr()
-    return _Matmul(weights, scales, _pointer(linear.bias), packed.out_features, packed.in_features)
+        int8 = matmul.int8
+        pointers = (int8.values.data_ptr(), int8.scales.data_ptr(), int8.mins.data_ptr())
+        return _Matmul(*pointers, bias, int8.out_features, int8.in_features)
+    assert matmul.bfloat16 is not None
+    bfloat16 = matmul.bfloat16
+    return _Matmul(bfloat16.packed.data_ptr(), None, None, bias, bfloat16.out_features, bfloat16.in_features)
 
 
 def _lora_group(group: ProjectionGroup) -> _LoraGroup:

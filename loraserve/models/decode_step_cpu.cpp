@@ -16,6 +16,7 @@ namespace {
 struct Matmul {
     const void* weights;  // bfloat16 panels, or int8 values
     const void* scales;   // int8's block scales (float16); null: bfloat16 panels
+    const void* mins;     // int8's block minimums (float16)
     const void* bias;     // [n] in the compute dtype, or null
     int64_t n, k;
 };
@@ -144,9 +145,11 @@ class StepRunner {
     // out = x W^T (+ bias), then each adapted row's LoRA added, as llama.py's project().
     void project(const Matmul& w, const LoraGroup& lora, const T* x, T* out) {
         if (w.scales != nullptr) {
-            using Fn = void (*)(const T*, int64_t, int64_t, const int8_t*, const uint16_t*, int64_t, T*, int);
-            reinterpret_cast<Fn>(m_.kernels.linear_int8)(x, s_.rows, w.k, static_cast<const int8_t*>(w.weights),
-                                                         static_cast<const uint16_t*>(w.scales), w.n, out, threads_);
+            using Fn = void (*)(const T*, int64_t, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, int64_t,
+                                T*, int);
+            reinterpret_cast<Fn>(m_.kernels.linear_int8)(x, s_.rows, w.k, static_cast<const uint8_t*>(w.weights),
+                                                         static_cast<const uint16_t*>(w.scales),
+                                                         static_cast<const uint16_t*>(w.mins), w.n, out, threads_);
         } else {
             using Fn = void (*)(const T*, int64_t, int64_t, const BFloat16*, int64_t, T*, int);
             reinterpret_cast<Fn>(m_.kernels.linear_bfloat16)(x, s_.rows, w.k, static_cast<const BFloat16*>(w.weights),

@@ -6,13 +6,15 @@
 //
 //   bfloat16 weights: widened to float32 in registers (a shift), FMA in float32: the sums of
 //   x @ W.float()^T, in another order.
-//   int8 weights (llama.cpp's q8_0): blocks of 32 along K, each with a float16 scale
-//   absmax / 127. x is quantized the same way per call (float32 scales), and each block's dot
-//   product is an integer one (AVX2: vpmaddubsw + vpmaddwd; AVX512-VNNI: vpdpbusd), scaled by
-//   both blocks' scales.
+//   int8 weights: blocks of 32 along K, each byte q in 0..255 standing for scale * q + min
+//   (float16 scale and min: llama.cpp's Q4_1 at 8 bits). x is quantized per call to int16 blocks
+//   of 32 (scale absmax / 32639, float32), and each block's dot product is an integer one
+//   (AVX2: vpmaddwd on the bytes widened to int16; AVX512-VNNI: vpdpbusd on the bytes and x's
+//   high and low bytes), scaled by both blocks' scales, plus the weights' min times the block's
+//   float sum of x.
 //
 // Both are packed once at load into panels of a vector of outputs, K running down the panel:
-// one vector load holds one k (bfloat16) or four (int8) for a whole vector of outputs. A tile
+// one vector load holds one k (bfloat16) or two to four (int8) for a whole vector of outputs. A tile
 // multiplies PANELS such vectors by ROWS broadcast activations, as a GEMM micro-kernel does, with
 // no horizontal sums; a group of panels stays in cache while every row tile of x passes over it,
 // so a step streams each weight once whatever the batch. Threads take contiguous shares of the
@@ -155,7 +157,7 @@ void pack_bf16(const BFloat16* w, int64_t n, int64_t k, BFloat16* packed) {
             }
 }
 
-// ---- int8 weights: panels of values [blocks * 8][kInt8Lanes][4] and scales [blocks][kInt8Lanes] --
+// ---- int8 weights: panels of values [blocks * kSteps][kInt8Lanes][kPerLane], scales and mins [blocks][kInt8Lanes] --
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define INT8_VNNI 1
@@ -166,7 +168,13 @@ constexpr int kInt8Lanes = 8;
 #else
 constexpr int kInt8Lanes = 8;
 #endif
-constexpr int kQuads = kBlock / 4;  // a panel row holds 4 k of each output
+// k of one output a lane holds in a panel row: four bytes for vpdpbusd, two int16 for vpmaddwd.
+#if defined(INT8_VNNI)
+constexpr int kPerLane = 4;
+#else
+constexpr int kPerLane = 2;
+#endif
+constexpr int kSteps = kBlock / kPerLane;  // panel rows a block takes
 constexpr int kInt8Rows = 4;
 #if defined(INT8_AVX2)
 constexpr int int8_panels_for(int rows) { return rows <= 2 ? 2 : 1; }  // 16 registers: sums in int32 and float
@@ -197,11 +205,17 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-// x quantized as the weights are: per row, blocks of 32 with scale absmax / 127, rounded to
-// nearest, zeros past k. For vpdpbusd (unsigned by signed bytes) each value is stored plus 128.
+// x quantized per call: per row, blocks of 32 as int16 in [-32639, 32639] (scale absmax / 32639),
+// rounded to nearest, zeros past k; and each block's float sum, which the weights' minimum
+// multiplies. vpdpbusd multiplies bytes: there each value is also split as 256 * high + low,
+// both signed bytes (32639 = 127 * 256 + 127).
+constexpr float kInt16Range = 32639.0f;
+
 struct QuantizedRows {
-    std::vector<uint8_t> values;  // [rows, blocks * 32]
+    std::vector<int16_t> values;  // [rows, blocks * 32]
+    std::vector<int8_t> high, low;  // vpdpbusd's halves of values
     std::vector<float> scales;    // [rows, blocks]
+    std::vector<float> sums;      // [rows, blocks]
     int64_t blocks;
 };
 
@@ -209,23 +223,35 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, QuantizedRows& q) {
     q.blocks = (k + kBlock - 1) / kBlock;
     q.values.assign(rows * q.blocks * kBlock, 0);
     q.scales.assign(rows * q.blocks, 0.0f);
+    q.sums.assign(rows * q.blocks, 0.0f);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t b = 0; b < q.blocks; b++) {
             const float* block = x + i * k + b * kBlock;
             const int64_t length = std::min<int64_t>(k - b * kBlock, kBlock);
-            float amax = 0.0f;
-            for (int64_t t = 0; t < length; t++) amax = std::max(amax, std::abs(block[t]));
-            const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+            float amax = 0.0f, sum = 0.0f;
+            for (int64_t t = 0; t < length; t++) {
+                amax = std::max(amax, std::abs(block[t]));
+                sum += block[t];
+            }
+            const float scale = amax / kInt16Range, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
             q.scales[i * q.blocks + b] = scale;
-            uint8_t* values = q.values.data() + (i * q.blocks + b) * kBlock;
-            for (int64_t t = 0; t < length; t++) values[t] = uint8_t(int8_t(__builtin_nearbyintf(block[t] * inverse)));
+            q.sums[i * q.blocks + b] = sum;
+            int16_t* values = q.values.data() + (i * q.blocks + b) * kBlock;
+            for (int64_t t = 0; t < length; t++) values[t] = int16_t(__builtin_nearbyintf(block[t] * inverse));
         }
 #if defined(INT8_VNNI)
-    for (uint8_t& value : q.values) value ^= 0x80;
+    q.high.resize(q.values.size());
+    q.low.resize(q.values.size());
+    for (size_t t = 0; t < q.values.size(); t++) {
+        const int high = (q.values[t] + 128) >> 8;  // floor((v + 128) / 256): low in [-128, 127]
+        q.high[t] = int8_t(high);
+        q.low[t] = int8_t(q.values[t] - 256 * high);
+    }
 #endif
 }
 
-inline int32_t four_bytes(const uint8_t* source) {
+template <typename T>
+inline int32_t lane_of(const T* source) {  // the bytes of one 32-bit lane: 4 int8 or 2 int16
     int32_t value;
     std::memcpy(&value, source, sizeof value);
     return value;
@@ -235,55 +261,60 @@ template <int ROWS, int PANELS>
 struct Int8Tile {
     static constexpr bool fits = ROWS <= kInt8Rows && PANELS <= int8_panels_for(ROWS);
 
-    // Rows row0.. of x against PANELS panels starting at `values` / `scales`, into y (row0's row).
+    // Rows row0.. of x against PANELS panels starting at `values` / `scales` / `mins`, into y
+    // (row0's row). A block's sum: scale_w * scale_x * (q . x_q) + min_w * sum(x), q . x_q in int32.
     template <typename Y>
-    static void run(const QuantizedRows& x, int64_t row0, const int8_t* values, const uint16_t* scales, Y* y,
-                    int64_t n, int64_t first_output) {
+    static void run(const QuantizedRows& x, int64_t row0, const uint8_t* values, const uint16_t* scales,
+                    const uint16_t* mins, Y* y, int64_t n, int64_t first_output) {
         const int64_t blocks = x.blocks, panel_values = blocks * kBlock * kInt8Lanes, panel_scales = blocks * kInt8Lanes;
-        const uint8_t* xs = x.values.data() + row0 * blocks * kBlock;
+        const int64_t first = row0 * blocks * kBlock;
         const float* x_scales = x.scales.data() + row0 * blocks;
+        const float* x_sums = x.sums.data() + row0 * blocks;
         float sums[ROWS][PANELS][kInt8Lanes];
 #if defined(INT8_VNNI)
-        // vpdpbusd: (x + 128) . w, less 128 * sum(w), which is summed once per panel for all rows.
-        const __m512i bias = _mm512_set1_epi8(char(0x80));
+        // vpdpbusd: the weights' bytes (unsigned) by x's high and low bytes (signed), four k a lane.
         __m512 acc[ROWS][PANELS];
         for (auto& row : acc)
             for (auto& a : row) a = _mm512_setzero_ps();
         for (int64_t b = 0; b < blocks; b++) {
-            __m512i dots[ROWS][PANELS], offsets[PANELS];
-            for (int j = 0; j < PANELS; j++) offsets[j] = _mm512_setzero_si512();
-            for (auto& row : dots)
-                for (auto& d : row) d = _mm512_setzero_si512();
-            for (int q = 0; q < kQuads; q++) {
+            __m512i high[ROWS][PANELS], low[ROWS][PANELS];
+            for (int i = 0; i < ROWS; i++)
+                for (int j = 0; j < PANELS; j++) high[i][j] = low[i][j] = _mm512_setzero_si512();
+            for (int step = 0; step < kSteps; step++) {
                 __m512i weights[PANELS];
                 for (int j = 0; j < PANELS; j++) {
-                    const int8_t* source = values + j * panel_values + (b * kQuads + q) * 4 * kInt8Lanes;
+                    const uint8_t* source = values + j * panel_values + (b * kSteps + step) * kPerLane * kInt8Lanes;
                     prefetch_line(source + kPrefetchAhead);
                     weights[j] = _mm512_loadu_si512(source);
-                    offsets[j] = _mm512_dpbusd_epi32(offsets[j], bias, weights[j]);
                 }
                 for (int i = 0; i < ROWS; i++) {
-                    const __m512i row = _mm512_set1_epi32(four_bytes(xs + (i * blocks + b) * kBlock + q * 4));
-                    for (int j = 0; j < PANELS; j++) dots[i][j] = _mm512_dpbusd_epi32(dots[i][j], row, weights[j]);
+                    const int64_t at = first + (i * blocks + b) * kBlock + step * kPerLane;
+                    const __m512i x_high = _mm512_set1_epi32(lane_of(x.high.data() + at));
+                    const __m512i x_low = _mm512_set1_epi32(lane_of(x.low.data() + at));
+                    for (int j = 0; j < PANELS; j++) {
+                        high[i][j] = _mm512_dpbusd_epi32(high[i][j], weights[j], x_high);
+                        low[i][j] = _mm512_dpbusd_epi32(low[i][j], weights[j], x_low);
+                    }
                 }
             }
-            __m512 w_scales[PANELS];
-            for (int j = 0; j < PANELS; j++)
-                w_scales[j] = _mm512_cvtph_ps(
+            for (int j = 0; j < PANELS; j++) {
+                const __m512 w_scale = _mm512_cvtph_ps(
                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + j * panel_scales + b * kInt8Lanes)));
-            for (int i = 0; i < ROWS; i++) {
-                const __m512 x_scale = _mm512_set1_ps(x_scales[i * blocks + b]);
-                for (int j = 0; j < PANELS; j++)
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dots[i][j], offsets[j])),
-                                                _mm512_mul_ps(w_scales[j], x_scale), acc[i][j]);
+                const __m512 w_min = _mm512_cvtph_ps(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + j * panel_scales + b * kInt8Lanes)));
+                for (int i = 0; i < ROWS; i++) {
+                    const __m512i dots = _mm512_add_epi32(_mm512_slli_epi32(high[i][j], 8), low[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
+                                                _mm512_mul_ps(w_scale, _mm512_set1_ps(x_scales[i * blocks + b])),
+                                                acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(w_min, _mm512_set1_ps(x_sums[i * blocks + b]), acc[i][j]);
+                }
             }
         }
         for (int i = 0; i < ROWS; i++)
             for (int j = 0; j < PANELS; j++) _mm512_storeu_ps(sums[i][j], acc[i][j]);
 #elif defined(INT8_AVX2)
-        // vpmaddubsw multiplies unsigned by signed bytes: |w| by x with w's sign (vpsignb), pairs
-        // summed to int16 (at most 2 * 127 * 127: no saturation), then quads to int32 (vpmaddwd).
-        const __m256i ones = _mm256_set1_epi16(1);
+        // vpmaddwd: the weights' bytes widened to int16 (vpmovzxbw) by x's int16, pairs summed to int32.
         __m256 acc[ROWS][PANELS];
         for (auto& row : acc)
             for (auto& a : row) a = _mm256_setzero_ps();
@@ -291,29 +322,31 @@ struct Int8Tile {
             __m256i dots[ROWS][PANELS];
             for (auto& row : dots)
                 for (auto& d : row) d = _mm256_setzero_si256();
-            for (int q = 0; q < kQuads; q++) {
-                __m256i weights[PANELS], magnitudes[PANELS];
+            for (int step = 0; step < kSteps; step++) {
+                __m256i weights[PANELS];
                 for (int j = 0; j < PANELS; j++) {
-                    const int8_t* source = values + j * panel_values + (b * kQuads + q) * 4 * kInt8Lanes;
+                    const uint8_t* source = values + j * panel_values + (b * kSteps + step) * kPerLane * kInt8Lanes;
                     prefetch_line(source + kPrefetchAhead);
-                    weights[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(source));
-                    magnitudes[j] = _mm256_sign_epi8(weights[j], weights[j]);
+                    weights[j] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source)));
                 }
                 for (int i = 0; i < ROWS; i++) {
-                    const __m256i row = _mm256_set1_epi32(four_bytes(xs + (i * blocks + b) * kBlock + q * 4));
-                    for (int j = 0; j < PANELS; j++) {
-                        const __m256i pairs = _mm256_maddubs_epi16(magnitudes[j], _mm256_sign_epi8(row, weights[j]));
-                        dots[i][j] = _mm256_add_epi32(dots[i][j], _mm256_madd_epi16(pairs, ones));
-                    }
+                    const int64_t at = first + (i * blocks + b) * kBlock + step * kPerLane;
+                    const __m256i row = _mm256_set1_epi32(lane_of(x.values.data() + at));
+                    for (int j = 0; j < PANELS; j++)
+                        dots[i][j] = _mm256_add_epi32(dots[i][j], _mm256_madd_epi16(row, weights[j]));
                 }
             }
             for (int j = 0; j < PANELS; j++) {
                 const __m256 w_scale = _mm256_cvtph_ps(
                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + j * panel_scales + b * kInt8Lanes)));
-                for (int i = 0; i < ROWS; i++)
+                const __m256 w_min = _mm256_cvtph_ps(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + j * panel_scales + b * kInt8Lanes)));
+                for (int i = 0; i < ROWS; i++) {
                     acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][j]),
                                                 _mm256_mul_ps(w_scale, _mm256_set1_ps(x_scales[i * blocks + b])),
                                                 acc[i][j]);
+                    acc[i][j] = _mm256_fmadd_ps(w_min, _mm256_set1_ps(x_sums[i * blocks + b]), acc[i][j]);
+                }
             }
         }
         for (int i = 0; i < ROWS; i++)
@@ -326,11 +359,13 @@ struct Int8Tile {
                     for (int64_t b = 0; b < blocks; b++) {
                         int32_t dot = 0;
                         for (int t = 0; t < kBlock; t++) {
-                            const int64_t offset = ((b * kQuads + t / 4) * kInt8Lanes + lane) * 4 + t % 4;
-                            dot += int32_t(int8_t(xs[(i * blocks + b) * kBlock + t])) * values[j * panel_values + offset];
+                            const int64_t at = ((b * kSteps + t / kPerLane) * kInt8Lanes + lane) * kPerLane + t % kPerLane;
+                            dot += int32_t(x.values[first + (i * blocks + b) * kBlock + t]) *
+                                   int32_t(values[j * panel_values + at]);
                         }
-                        sum += float(dot) * x_scales[i * blocks + b] *
-                               half_to_float(scales[j * panel_scales + b * kInt8Lanes + lane]);
+                        const int64_t at = j * panel_scales + b * kInt8Lanes + lane;
+                        sum += float(dot) * (half_to_float(scales[at]) * x_scales[i * blocks + b]);
+                        sum += half_to_float(mins[at]) * x_sums[i * blocks + b];
                     }
                     sums[i][j][lane] = sum;
                 }
@@ -342,8 +377,8 @@ struct Int8Tile {
 };
 
 template <typename X>
-void linear_int8(const X* x, int64_t rows, int64_t k, const int8_t* values, const uint16_t* scales, int64_t n, X* y,
-                 int num_threads) {
+void linear_int8(const X* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
+                 const uint16_t* mins, int64_t n, X* y, int num_threads) {
     std::vector<float> scratch;
     QuantizedRows quantized;
     quantize_rows(float_rows(x, rows, k, scratch), rows, k, quantized);
@@ -351,23 +386,25 @@ void linear_int8(const X* x, int64_t rows, int64_t k, const int8_t* values, cons
     const int group = int8_panels_for(rows < kInt8Rows ? int(rows) : kInt8Rows);
     over_panels(rows, int8_panel_count(n), kInt8Rows, group, num_threads,
                 [&](int tile_rows, int panels, int64_t row, int64_t panel) {
-                    dispatch<Int8Tile>(tile_rows, panels, quantized, row, values + panel * blocks * kBlock * kInt8Lanes,
-                                       scales + panel * blocks * kInt8Lanes, y + row * n, n, panel * kInt8Lanes);
+                    const int64_t at = panel * blocks * kInt8Lanes;
+                    dispatch<Int8Tile>(tile_rows, panels, quantized, row, values + at * kBlock, scales + at, mins + at,
+                                       y + row * n, n, panel * kInt8Lanes);
                 });
 }
 
-// q8_0 rows (values [n, blocks * 32], scales [n, blocks]) into panels (see above).
-void pack_int8(const int8_t* values, const uint16_t* scales, int64_t n, int64_t blocks, int8_t* packed_values,
-               uint16_t* packed_scales) {
+// int8 rows (values [n, blocks * 32], scales and mins [n, blocks]) into panels (see above).
+void pack_int8(const uint8_t* values, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t blocks,
+               uint8_t* packed_values, uint16_t* packed_scales, uint16_t* packed_mins) {
     const int64_t padded = blocks * kBlock;
     for (int64_t panel = 0; panel < int8_panel_count(n); panel++)
         for (int64_t b = 0; b < blocks; b++)
             for (int lane = 0; lane < kInt8Lanes; lane++) {
-                const int64_t output = panel * kInt8Lanes + lane;
-                packed_scales[(panel * blocks + b) * kInt8Lanes + lane] = output < n ? scales[output * blocks + b] : 0;
+                const int64_t output = panel * kInt8Lanes + lane, at = (panel * blocks + b) * kInt8Lanes + lane;
+                packed_scales[at] = output < n ? scales[output * blocks + b] : 0;
+                packed_mins[at] = output < n ? mins[output * blocks + b] : 0;
                 for (int t = 0; t < kBlock; t++) {
-                    const int64_t quad = (panel * blocks + b) * kQuads + t / 4;
-                    packed_values[(quad * kInt8Lanes + lane) * 4 + t % 4] =
+                    const int64_t step = (panel * blocks + b) * kSteps + t / kPerLane;
+                    packed_values[(step * kInt8Lanes + lane) * kPerLane + t % kPerLane] =
                         output < n ? values[output * padded + b * kBlock + t] : 0;
                 }
             }
@@ -386,19 +423,19 @@ void linear_bf16_bfloat16(const BFloat16* x, int64_t rows, int64_t k, const BFlo
     linear_bf16(x, rows, k, w, n, y, threads);
 }
 
-// Packed int8 panels: values bytes and scales for n outputs of `blocks` blocks each.
+// Packed int8 panels: values bytes, scales and mins for n outputs of `blocks` blocks each.
 int64_t int8_packed_outputs(int64_t n) { return int8_panel_count(n) * kInt8Lanes; }
-void int8_pack(const int8_t* values, const uint16_t* scales, int64_t n, int64_t blocks, int8_t* packed_values,
-               uint16_t* packed_scales) {
-    pack_int8(values, scales, n, blocks, packed_values, packed_scales);
+void int8_pack(const uint8_t* values, const uint16_t* scales, const uint16_t* mins, int64_t n, int64_t blocks,
+               uint8_t* packed_values, uint16_t* packed_scales, uint16_t* packed_mins) {
+    pack_int8(values, scales, mins, n, blocks, packed_values, packed_scales, packed_mins);
 }
-void linear_int8_float32(const float* x, int64_t rows, int64_t k, const int8_t* values, const uint16_t* scales,
-                         int64_t n, float* y, int threads) {
-    linear_int8(x, rows, k, values, scales, n, y, threads);
+void linear_int8_float32(const float* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
+                         const uint16_t* mins, int64_t n, float* y, int threads) {
+    linear_int8(x, rows, k, values, scales, mins, n, y, threads);
 }
-void linear_int8_bfloat16(const BFloat16* x, int64_t rows, int64_t k, const int8_t* values, const uint16_t* scales,
-                          int64_t n, BFloat16* y, int threads) {
-    linear_int8(x, rows, k, values, scales, n, y, threads);
+void linear_int8_bfloat16(const BFloat16* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
+                          const uint16_t* mins, int64_t n, BFloat16* y, int threads) {
+    linear_int8(x, rows, k, values, scales, mins, n, y, threads);
 }
 
 // The instructions this build uses for int8 dot products: what tests and logs report.

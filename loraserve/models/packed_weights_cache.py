@@ -7,7 +7,7 @@ whose name hashes its source, flags and CPU: the panels' layout is that build's.
 that is unreadable or does not fit the model is ignored with a warning and written again.
 
 Example: cache_dir/weights/SmolLM2-135M-Instruct-int8-3f2a9c0d41b7e6a8.safetensors holds
-"model.layers.0.self_attn.qkv_proj.values" and ".scales", one pair per matmul.
+"layers.0.self_attn.qkv_proj.values", ".scales" and ".mins", for each matmul.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from loraserve.models.cpu_linear import LinearKernel, PackedInt8
 logger = logging.getLogger(__name__)
 
 DIGESTS = "digests.json"  # file path -> [size, mtime_ns, inode, sha256]
+PARTS = ("values", "scales", "mins")  # the tensors of each matmul's panels (cpu_linear.PackedInt8)
 
 
 def content_digest(files: list[Path], remembered: Path) -> str:
@@ -65,7 +66,9 @@ class PackedWeightsCache:
         try:
             tensors = load_file(self.path)
             packed = {
-                name: PackedInt8(tensors[f"{name}.values"], tensors[f"{name}.scales"], rows, columns)
+                name: PackedInt8(
+                    tensors[f"{name}.values"], tensors[f"{name}.scales"], tensors[f"{name}.mins"], rows, columns
+                )
                 for name, (rows, columns) in shapes.items()
             }
         except (OSError, SafetensorError, KeyError) as error:
@@ -81,7 +84,7 @@ class PackedWeightsCache:
     def store(self, packed: dict[str, PackedInt8]) -> None:
         tensors: dict[str, torch.Tensor] = {}
         for name, weights in packed.items():
-            tensors[f"{name}.values"], tensors[f"{name}.scales"] = weights.values, weights.scales
+            tensors.update({f"{name}.{part}": getattr(weights, part) for part in PARTS})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.path.parent) as scratch:  # never half a file under the name
             written = Path(scratch) / self.path.name

@@ -1,6 +1,6 @@
 """Weights narrower than the activations (--weights): bfloat16 weights with float32 compute give
 transformers' greedy tokens on the same bfloat16-rounded weights upcast to float32, in the build for
-this CPU and the AVX2 one; int8 (q8_0) stays close to float32."""
+this CPU and the AVX2 one; int8 stays close to float32."""
 
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ def test_bfloat16_weights_keep_the_top_token_and_a_tiny_kl_for_base_and_adapter(
         assert quality.perplexity == pytest.approx(quality.reference_perplexity, rel=0.01)
 
 
-def test_int8_weights_stay_within_what_q8_0_costs_this_model():
-    """q8_0 (weights and activations in blocks of 32) costs SmolLM2-135M about 0.03 nats a token and
-    one top token in twelve (docs/benchmarks.md); a broken block or scale costs far more."""
-    qualities, _ = measure("float32", "int8", [None], TOKENS)
-    quality = qualities[None]
-    assert quality.same_top >= 0.88 and quality.mean_kl <= 0.05, quality
-    assert quality.perplexity == pytest.approx(quality.reference_perplexity, rel=0.05)
+def test_int8_weights_keep_the_top_token_and_a_small_kl_for_base_and_adapter():
+    """The issue's bounds: >= 97% of top tokens, and a mean KL no worse than llama.cpp's q8_0 on this
+    text (0.0079, docs/benchmarks.md); int8 blocks of scale and min hold this model's 4-bit weights."""
+    qualities, _ = measure("float32", "int8", [None, "pirate"], TOKENS)
+    for adapter, quality in qualities.items():
+        assert quality.same_top >= 0.97 and quality.mean_kl <= 0.0079, (adapter, quality)
+        assert quality.perplexity == pytest.approx(quality.reference_perplexity, rel=0.01)

@@ -1,6 +1,6 @@
 """The CPU matmuls with narrow weights (linear_cpu.cpp) against float64 torch references, for every
 decode row count 1..64 and odd shapes, in the build for this CPU and the AVX2 + FMA build
-(LORASERVE_CPU_MARCH=x86-64-v3), which an AVX-512 machine runs too."""
+(LORASERVE_CPU_MARCH=x86-64-v3), which an AVX-512 machine runs too, and the scalar paths (x86-64)."""
 
 from __future__ import annotations
 
@@ -16,18 +16,19 @@ from loraserve.models.cpu_linear import (
     LinearKernel,
     NarrowMatmul,
     load_linear_kernel,
-    quantize_q8_0,
+    quantize_int8,
 )
 
 CPU_FLAGS = next(
     (line.split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), []
 )
 MARCHES = ["native", *(["x86-64-v3"] if {"avx2", "fma", "f16c"} <= set(CPU_FLAGS) else [])]
+KERNEL_MARCHES = [*MARCHES, "x86-64"]  # and the scalar paths, for a CPU without AVX2
 SHAPES = [(576, 960), (1536, 576), (33, 7), (130, 70)]  # (in, out): the default model's, and odd ones
 ROWS = range(1, 65)
 
 
-@pytest.fixture(scope="module", params=MARCHES)
+@pytest.fixture(scope="module", params=KERNEL_MARCHES)
 def kernel(request, tmp_path_factory) -> LinearKernel:
     built = load_linear_kernel(tmp_path_factory.mktemp("kernels"), request.param)
     assert built is not None, "the kernel must build where g++ is installed"
@@ -39,17 +40,19 @@ def accumulation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.shape[1] * 2.0**-24 * (x.abs().double() @ w.abs().double().T) + 1e-30
 
 
-def q8_0_reference(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
-    """x quantized as the kernel does (blocks of 32, float32 scale absmax / 127, nearest), integer
-    dot products per block, scaled by both blocks' scales, summed in float64."""
+def int8_reference(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
+    """x quantized as the kernel does (int16 blocks of 32, float32 scale absmax / 32639, nearest),
+    integer dot products per block scaled by both blocks' scales, plus each weight block's min
+    times the block's sum of x, summed in float64."""
     rows, in_features = x.shape
     padded = weights.values.shape[1]
     blocks = F.pad(x, (0, padded - in_features)).view(rows, -1, BLOCK)
-    scale = blocks.abs().amax(dim=-1) / 127
+    scale = blocks.abs().amax(dim=-1) / 32639
     inverse = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
     values = torch.round(blocks * inverse.unsqueeze(-1)).double()
     dots = torch.einsum("rbk,obk->rob", values, weights.values.view(weights.values.shape[0], -1, BLOCK).double())
-    return (dots * scale.double().unsqueeze(1) * weights.scales.double().unsqueeze(0)).sum(-1)
+    scaled = dots * scale.double().unsqueeze(1) * weights.scales.double().unsqueeze(0)
+    return (scaled + weights.mins.double().unsqueeze(0) * blocks.double().sum(-1).unsqueeze(1)).sum(-1)
 
 
 @pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
@@ -73,14 +76,14 @@ def test_bfloat16_weights_give_the_float32_sums_of_their_products(kernel, in_fea
 
 
 @pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
-def test_int8_weights_give_q8_0_dot_products(kernel, in_features, out_features):
+def test_int8_weights_give_their_blocks_dot_products(kernel, in_features, out_features):
     generator = torch.Generator().manual_seed(out_features)
-    weights = quantize_q8_0(torch.randn(out_features, in_features, generator=generator))
+    weights = quantize_int8(torch.randn(out_features, in_features, generator=generator) + 0.3)  # min != -max
     packed = kernel.pack_int8(weights)
     x_all = torch.randn(max(ROWS), in_features, generator=generator) * 3
     for rows in ROWS:
         x = x_all[:rows]
-        reference = q8_0_reference(x, weights)
+        reference = int8_reference(x, weights)
         error = (kernel.int8_weights(x, packed).double() - reference).abs()
         bound = accumulation_bound(x, weights.widened(torch.float32)) * 4 + reference.abs() * 1e-6
         assert (error <= bound).all(), (rows, error.max())
@@ -88,25 +91,38 @@ def test_int8_weights_give_q8_0_dot_products(kernel, in_features, out_features):
 
 def test_the_avx2_build_uses_avx2_and_the_native_one_the_best_the_cpu_has(kernel, request):
     march = request.node.callspec.params["kernel"]
-    if march == "x86-64-v3":
+    if march == "x86-64":
+        assert kernel.int8_path == "scalar"
+    elif march == "x86-64-v3":
         assert kernel.int8_path == "avx2"
     elif {"avx512_vnni", "avx512bw"} <= set(CPU_FLAGS):
         assert kernel.int8_path == "avx512-vnni"
 
 
-def test_q8_0_blocks_are_llama_cpp_s_absmax_over_127():
+def test_int8_blocks_span_their_min_to_max_in_255_steps():
     weight = torch.zeros(2, 70)
-    weight[0, :32] = torch.linspace(-2.54, 1.0, 32)  # absmax 2.54: scale 0.02, -2.54 -> -127
+    weight[0, :32] = torch.linspace(-2.0, 3.1, 32)  # min -2, range 5.1: scale 0.02, -2 -> 0, 3.1 -> 255
     weight[1, 40] = 5.0  # a lone value in the second block; the third is padded with zeros
-    weights = quantize_q8_0(weight)
-    assert weights.values.shape == (2, 96) and weights.scales.shape == (2, 3)
-    assert weights.scales[0, 0].item() == pytest.approx(0.02, rel=1e-3) and weights.values[0, 0] == -127
-    assert weights.scales[1].tolist() == [0.0, pytest.approx(5 / 127, rel=1e-3), 0.0]
-    assert weights.values[1, 40] == 127 and int(weights.values[1].abs().sum()) == 127
-    assert weights.values[:, 70:].abs().sum() == 0
+    weights = quantize_int8(weight)
+    assert weights.values.shape == (2, 96) and weights.scales.shape == weights.mins.shape == (2, 3)
+    assert weights.scales[0, 0].item() == pytest.approx(0.02, rel=1e-3) and weights.mins[0, 0] == -2.0
+    assert weights.values[0, 0] == 0 and weights.values[0, 31] == 255
+    assert weights.scales[1].tolist() == [0.0, pytest.approx(5 / 255, rel=1e-3), 0.0]
+    assert weights.values[1, 40] == 255 and int(weights.values[1].sum()) == 255
     widened = weights.widened(torch.float32)
     assert widened.shape == (2, 70)
     assert ((widened - weight).abs() <= weights.scales.float().repeat_interleave(BLOCK, 1)[:, :70] / 2 + 1e-6).all()
+
+
+def test_int8_blocks_hold_4_bit_blocks_of_scale_and_min_to_float16_s_rounding():
+    """A Q4_1 block (the default model's GGUF): 16 levels min + d * i, which 255 steps of d / 17 contain;
+    only the float16 rounding of d / 17 is left, under a fifth of q8_0's half step (absmax / 254)."""
+    generator = torch.Generator().manual_seed(0)
+    levels = torch.randint(0, 16, (4, 64), generator=generator).float()
+    levels[:, 0], levels[:, 32], levels[:, 31], levels[:, 63] = 0, 0, 15, 15  # each block spans all 16
+    weight = -0.75 + 0.125 * levels  # d and min exact in float16, as Q4_1 stores them
+    error = (quantize_int8(weight).widened(torch.float32) - weight).abs().max().item()
+    assert error <= 255 * (0.125 / 17) * 2**-11 and error < (1.125 / 254) / 5
 
 
 def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel):
@@ -114,7 +130,7 @@ def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel):
     weight = torch.randn(48, 96, generator=generator)
     x = torch.randn(300, 96, generator=generator)
     int8 = NarrowMatmul(kernel, weight, "int8")
-    reference = q8_0_reference(x, quantize_q8_0(weight))
+    reference = int8_reference(x, quantize_int8(weight))
     assert ((int8(x).double() - reference).abs() <= 1e-4 * reference.abs().max()).all()
     bfloat16 = NarrowMatmul(kernel, weight, "bfloat16")
     assert bfloat16.nbytes == 48 * 96 * 2  # half of float32's (48 outputs fill whole panels of 8 or 16)

@@ -55,7 +55,7 @@ def refuse_to_quantize(monkeypatch) -> None:
     def quantize(weight):
         raise AssertionError("quantized again")
 
-    monkeypatch.setattr(cpu_linear, "quantize_q8_0", quantize)
+    monkeypatch.setattr(cpu_linear, "quantize_int8", quantize)
 
 
 def test_a_restart_reads_the_panels_instead_of_quantizing(checkpoint, cache_dir, monkeypatch):

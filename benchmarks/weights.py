@@ -90,11 +90,15 @@ def tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
     return sum(workload.output_lens) / best
 
 
-def llama_cpp_rows(
+Rates = tuple[float, float, float]  # one chat, one chat with an adapter, 32 chats over the adapters
+
+
+def llama_cpp_rates(
     model_dir: Path, adapter_dirs: list[Path], jobs: list[JobWorkload], repeats: int, work: Path
-) -> list[str]:
-    """llama.cpp's llama-server on the same workloads, per weights type of the same bytes, best of `repeats`."""
-    rows = []
+) -> tuple[list[str], dict[str, Rates]]:
+    """llama.cpp's llama-server on the same workloads, per weights type of the same bytes, best of `repeats`:
+    its table rows, and its rates by type."""
+    rows, rates = [], {}
     for outtype in LLAMA_CPP_TYPES:
         job = {
             "model": str(model_dir), "dtype": "bfloat16", "adapters": {p.name: str(p) for p in adapter_dirs},
@@ -106,10 +110,22 @@ def llama_cpp_rows(
             print(f"llama.cpp {outtype}: {outcome.error}", flush=True)
             rows.append(f"| llama.cpp {outtype} | {outcome.error} | | |")
             continue
-        one, adapter, mixed = (max(outcome.rates[w.name]) for w in jobs)
+        best = [max(outcome.rates[w.name]) for w in jobs]
+        one, adapter, mixed = rates[outtype] = (best[0], best[1], best[2])
         row = f"| llama.cpp {outtype} ({LLAMA_CPP_TYPES[outtype]}) | {one:.1f} | {adapter:.1f} | {mixed:.0f} |"
         print(row, flush=True)
         rows.append(row)
+    return rows, rates
+
+
+def ratio_rows(ours: dict[str, Rates], theirs: dict[str, Rates]) -> list[str]:
+    """Our rates over llama.cpp's, for each of our float32-compute modes and its type of the same bytes."""
+    rows = []
+    for outtype, weights in LLAMA_CPP_TYPES.items():
+        mode = f"float32:{weights}"
+        if mode in ours and outtype in theirs:
+            ratios = " | ".join(f"{a / b:.2f}x" for a, b in zip(ours[mode], theirs[outtype], strict=True))
+            rows.append(f"| {mode} / {outtype} | {ratios} |")
     return rows
 
 
@@ -131,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     peer = (args.peer or ("none" if args.quick else "llama.cpp")) == "llama.cpp"
     bandwidth = streaming_read_gbs()
     print(f"streaming read: {bandwidth:.1f} GB/s", flush=True)
-    rows, peer_rows = [], []
+    rows, peer_rows, ours, theirs = [], [], {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         adapter_dirs: list[Path] = []
         for mode in modes:
@@ -146,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             jobs = workloads(llm, [path.name for path in adapter_dirs], tokens)
             megabytes = weight_bytes(loaded) / 1e6
             floor = bandwidth * 1e3 / megabytes
-            one, one_adapter, mixed = (tokens_per_second(llm, job, repeats) for job in jobs)
+            measured = [tokens_per_second(llm, job, repeats) for job in jobs]
+            one, one_adapter, mixed = ours[mode] = (measured[0], measured[1], measured[2])
             row = f"| {dtype} | {weights} | {megabytes:.0f} | {floor:.0f} | {one:.1f} ({one / floor:.2f}) "
             row += f"| {one_adapter:.1f} | {mixed:.0f} |"
             print(row, flush=True)
@@ -154,11 +171,11 @@ def main(argv: list[str] | None = None) -> None:
             llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
             del llm, loaded
         if peer:
-            peer_rows = llama_cpp_rows(model_dir, adapter_dirs, jobs, repeats, Path(scratch))
+            peer_rows, theirs = llama_cpp_rates(model_dir, adapter_dirs, jobs, repeats, Path(scratch))
     body = [
-        "## Weights: float32, bfloat16 and int8 (q8_0) on the CPU",
+        "## Weights: float32, bfloat16 and int8 on the CPU",
         "",
-        f"Command: `loraserve bench weights {' '.join(argv or [])}`. Machine: {machine_description()}.",
+        f"Command: `{' '.join(['loraserve bench weights', *(argv or [])])}`. Machine: {machine_description()}.",
         "",
         f"Streaming read: {bandwidth:.1f} GB/s (best of a sum, a max and a matrix-vector product over 1 GiB). "
         "Floor: that bandwidth over the bytes of the matmul weights (one decode step reads each once). "
@@ -180,6 +197,12 @@ def main(argv: list[str] | None = None) -> None:
             "| llama.cpp weights (as ours) | 1 chat tok/s | 1 chat, adapter | 32 chats, 8 adapters |",
             "|---|---:|---:|---:|",
             *peer_rows,
+            "",
+            "loraserve over llama.cpp, same run (compute:weights / llama.cpp type of the same bytes a weight):",
+            "",
+            "| pair | 1 chat | 1 chat, adapter | 32 chats, 8 adapters |",
+            "|---|---:|---:|---:|",
+            *ratio_rows(ours, theirs),
         ]
     text = "\n".join(body)
     if not args.quick:

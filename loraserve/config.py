@@ -80,7 +80,8 @@ class ModelConfig(Settings):
     )  # fmt: skip
     weights: str = setting(
         "auto", "how the base model's matmul weights are held: auto = bfloat16 on a CPU computing in float32 "
-        "(--dtype auto without native bf16), else as --dtype; int8 = llama.cpp's q8_0 blocks (CPU)",
+        "(--dtype auto without native bf16), else as --dtype; int8 = a byte a weight, a scale and minimum a block "
+        "of 32 (CPU; quantized once, cached beside the model)",
         choices=WEIGHTS, env="LORASERVE_WEIGHTS",
     )  # fmt: skip
     device: str = setting("cpu", "where the model runs", choices=DEVICES, env="LORASERVE_DEVICE")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import add_report_flags, machine_description, write_section
+from benchmarks.report import add_report_flags, bench_command, machine_description, write_section
 from loraserve import LLM, SamplingParams
 from loraserve.config import default_cache_dir
 from loraserve.models.default_model import default_model_dir
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             + ("" if args.window is None else f", windows of {args.window} as llama-perplexity scores")
             + ")",
             "",
-            f"Command: `loraserve bench quality {' '.join(argv or [])}`. Machine: {machine_description()}.",
+            f"Command: `{bench_command('quality', argv)}`. Machine: {machine_description()}.",
             "",
             "Text: `benchmarks/data/quality_text.txt` (public-domain prose and chat, see benchmarks/data/README.md), "
             + ("as one sequence" if args.window is None else f"in windows of {args.window} tokens")

@@ -118,6 +118,12 @@ def reproduce_command(module: str) -> str:
     return " ".join([f"python -m {module}", *sys.argv[1:]])
 
 
+def bench_command(kind: str, argv: list[str] | None) -> str:
+    """The command line of a `loraserve bench KIND` run: the CLI passes its options as argv, and
+    `python -m benchmarks.KIND` leaves argv None and its options in sys.argv."""
+    return reproduce_command(f"benchmarks.{kind}") if argv is None else " ".join([f"loraserve bench {kind}", *argv])
+
+
 def median_spread(values: Sequence[float]) -> str:
     """'median (min-max)', whole numbers: how results are reported when repeats vary."""
     return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"

@@ -26,7 +26,7 @@ from benchmarks.offline import run_system
 from benchmarks.peers.envs import LLAMA_CPP
 from benchmarks.peers.job import JobWorkload
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, machine_description, write_section
+from benchmarks.report import add_report_flags, bench_command, machine_description, write_section
 from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.models import LoadedModel
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     body = [
         "## Weights: float32, bfloat16 and int8 on the CPU",
         "",
-        f"Command: `{' '.join(['loraserve bench weights', *(argv or [])])}`. Machine: {machine_description()}.",
+        f"Command: `{bench_command('weights', argv)}`. Machine: {machine_description()}.",
         "",
         f"Streaming read: {bandwidth:.1f} GB/s (best of a sum, a max and a matrix-vector product over 1 GiB). "
         "Floor: that bandwidth over the bytes of the matmul weights (one decode step reads each once). "

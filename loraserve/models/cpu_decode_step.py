@@ -102,10 +102,6 @@ class _Step(ctypes.Structure):
     ]
 
 
-def _pointer(tensor: torch.Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
-
-
 class CpuDecodeStep:
     """The model's decode steps as one native call each; plan once with `plan_decode_step`."""
 
@@ -184,14 +180,14 @@ def plan_decode_step(
         )  # fmt: skip
         layers.append(planned)
     table = (_Layer * len(layers))(*layers)
-    spec, (k_cache, _) = model.spec, kv_caches[0]
-    pool = groups["qkv"].pool
-    _, num_slots, max_rank = groups["qkv"].a_rows.shape
+    spec, (k_cache, _), first = model.spec, kv_caches[0], lora_tables(0, _LORA_GROUPS["qkv"])
+    pool = first.pool
+    _, num_slots, max_rank = first.a_rows.shape
     plan = _Model(
         kernels, ctypes.cast(table, ctypes.POINTER(_Layer)), len(layers), model.norm.weight.data_ptr(),
         spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-        k_cache.shape[1], k_cache.stride(0), spec.rms_norm_eps, spec.head_dim**-0.5, pool.data_ptr(), num_slots,
-        max_rank,
+        k_cache.shape[1], k_cache.stride(0), model.norm.eps, model.decoder_layers[0].self_attn.scale,
+        pool.data_ptr(), num_slots, max_rank,
     )  # fmt: skip
     return CpuDecodeStep(library, model, plan, [table, pool, *keep])
 
@@ -199,7 +195,7 @@ def plan_decode_step(
 def _matmul(linear: Linear) -> _Matmul:
     matmul = linear.narrow
     assert isinstance(matmul, NarrowMatmul)
-    bias = _pointer(linear.bias)
+    bias = None if linear.bias is None else linear.bias.data_ptr()
     if matmul.int8 is not None:
         int8 = matmul.int8
         pointers = (int8.values.data_ptr(), int8.scales.data_ptr(), int8.mins.data_ptr())

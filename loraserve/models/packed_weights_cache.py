@@ -38,15 +38,17 @@ def content_digest(files: list[Path], remembered: Path) -> str:
         known = json.loads(remembered.read_text())
     except (OSError, ValueError):
         known = {}
-    total = hashlib.sha256()
+    total, read = hashlib.sha256(), False
     for file in files:
         stat = file.stat()
         identity = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
         entry = known.get(str(file.resolve()))
         if not (isinstance(entry, list) and entry[:3] == identity):
             entry = known[str(file.resolve())] = [*identity, sha256_of_files(file)]
+            read = True
         total.update(f"{file.name}:{entry[3]}\n".encode())
-    _write_atomically(remembered, json.dumps(known).encode())
+    if read:
+        _write_atomically(remembered, json.dumps(known).encode())
     return total.hexdigest()
 
 
@@ -65,12 +67,10 @@ class PackedWeightsCache:
             return None
         try:
             tensors = load_file(self.path)
-            packed = {
-                name: PackedInt8(
-                    tensors[f"{name}.values"], tensors[f"{name}.scales"], tensors[f"{name}.mins"], rows, columns
-                )
-                for name, (rows, columns) in shapes.items()
-            }
+            packed = {}
+            for name, (rows, columns) in shapes.items():
+                values, scales, mins = (tensors[f"{name}.{part}"] for part in PARTS)
+                packed[name] = PackedInt8(values, scales, mins, rows, columns)
         except (OSError, SafetensorError, KeyError) as error:
             logger.warning("ignoring the int8 weights cached in %s (%s); quantizing again", self.path, error)
             return None

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from loraserve.config import SchedulerConfig
+from loraserve.config import ModelConfig, SchedulerConfig
+from loraserve.models.loader import load_model
 from tests.server.conftest import RunningServer, start_server
 
 pytestmark = pytest.mark.slow
@@ -23,9 +24,13 @@ MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
-def keyed_server(loaded_model, tmp_path_factory) -> Iterator[RunningServer]:
+def keyed_server(tmp_path_factory) -> Iterator[RunningServer]:
+    # The model as `make serve` holds it on this CPU (--dtype/--weights auto), not the suite's float32 one: fairness
+    # is the scheduler's, but float32 weights on an AMD CPU go through MKL's generic path, whose step time grows with
+    # the rows (the lm_head matmul: 6.7 ms for one row, 20 ms for three, on a Zen 5), so any flooded batch doubles a
+    # polite request's prefill whatever the scheduler does.
     yield from start_server(
-        loaded_model, tmp_path_factory.mktemp("data"), scheduler=SchedulerConfig(max_num_seqs=4),
+        load_model(ModelConfig()), tmp_path_factory.mktemp("data"), scheduler=SchedulerConfig(max_num_seqs=4),
         api_keys=frozenset({FLOODER, POLITE}),
     )  # fmt: skip
 

@@ -9,12 +9,11 @@
 //   int8 weights: blocks of 32 along K, each byte q in 0..255 standing for scale * q + min
 //   (float16 scale and min: llama.cpp's Q4_1 at 8 bits). x is quantized per call to int16 blocks
 //   of 32 (scale absmax / 32639, float32), and each block's dot product is an integer one
-//   (AVX2: vpmaddwd on the bytes widened to int16; AVX512-VNNI: vpdpbusd on the bytes and x's
-//   high and low bytes), scaled by both blocks' scales, plus the weights' min times the block's
-//   float sum of x.
+//   on the bytes widened to int16 (AVX2: vpmaddwd; AVX512-VNNI: vpdpwssd, which also adds),
+//   scaled by both blocks' scales, plus the weights' min times the block's float sum of x.
 //
 // Both are packed once at load into panels of a vector of outputs, K running down the panel:
-// one vector load holds one k (bfloat16) or two to four (int8) for a whole vector of outputs. A tile
+// one vector load holds one k (bfloat16) or two (int8) for a whole vector of outputs. A tile
 // multiplies PANELS such vectors by ROWS broadcast activations, as a GEMM micro-kernel does, with
 // no horizontal sums; a group of panels stays in cache while every row tile of x passes over it,
 // so a step streams each weight once whatever the batch. Threads take contiguous shares of the
@@ -168,19 +167,18 @@ constexpr int kInt8Lanes = 8;
 #else
 constexpr int kInt8Lanes = 8;
 #endif
-// k of one output a lane holds in a panel row: four bytes for vpdpbusd, two int16 for vpmaddwd.
-#if defined(INT8_VNNI)
-constexpr int kPerLane = 4;
-#else
-constexpr int kPerLane = 2;
-#endif
+constexpr int kPerLane = 2;  // k of one output a lane holds in a panel row: a pair of int16 once widened
 constexpr int kSteps = kBlock / kPerLane;  // panel rows a block takes
 constexpr int kStepsPerLine = 64 / (kPerLane * kInt8Lanes);  // panel rows a cache line holds
-constexpr int kInt8Rows = 4;
 #if defined(INT8_AVX2)
+constexpr int kInt8Rows = 4;
 constexpr int int8_panels_for(int rows) { return rows <= 2 ? 2 : 1; }  // 16 registers: sums in int32 and float
+constexpr int kUnrolledRows = 2;  // measured: unrolled, a decode row's block runs 20% faster; 4 rows spill
 #else
+// 32 registers: a tile's sums in int32 and float, its panels' weights and a broadcast x.
+constexpr int kInt8Rows = 6;
 constexpr int int8_panels_for(int rows) { return rows <= 2 ? 4 : 2; }
+constexpr int kUnrolledRows = kInt8Rows;
 #endif
 
 int64_t int8_panel_count(int64_t n) { return (n + kInt8Lanes - 1) / kInt8Lanes; }
@@ -208,13 +206,11 @@ inline float half_to_float(uint16_t h) {
 
 // x quantized per call: per row, blocks of 32 as int16 in [-32639, 32639] (scale absmax / 32639),
 // rounded to nearest, zeros past k; and each block's float sum, which the weights' minimum
-// multiplies. vpdpbusd multiplies bytes: there each value is also split as 256 * high + low,
-// both signed bytes (32639 = 127 * 256 + 127).
+// multiplies. (32639 leaves the int16 pair sums of 32 products by bytes far inside int32.)
 constexpr float kInt16Range = 32639.0f;
 
 struct QuantizedRows {
     std::vector<int16_t> values;  // [rows, blocks * 32]
-    std::vector<int8_t> high, low;  // vpdpbusd's halves of values
     std::vector<float> scales;    // [rows, blocks]
     std::vector<float> sums;      // [rows, blocks]
     int64_t blocks;
@@ -240,23 +236,57 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, QuantizedRows& q) {
             int16_t* values = q.values.data() + (i * q.blocks + b) * kBlock;
             for (int64_t t = 0; t < length; t++) values[t] = int16_t(__builtin_nearbyintf(block[t] * inverse));
         }
-#if defined(INT8_VNNI)
-    q.high.resize(q.values.size());
-    q.low.resize(q.values.size());
-    for (size_t t = 0; t < q.values.size(); t++) {
-        const int high = (q.values[t] + 128) >> 8;  // floor((v + 128) / 256): low in [-128, 127]
-        q.high[t] = int8_t(high);
-        q.low[t] = int8_t(q.values[t] - 256 * high);
-    }
-#endif
 }
 
-template <typename T>
-inline int32_t lane_of(const T* source) {  // the bytes of one 32-bit lane: 4 int8 or 2 int16
+inline int32_t pair_of(const int16_t* source) {  // two int16 as the bytes of one 32-bit lane
     int32_t value;
     std::memcpy(&value, source, sizeof value);
     return value;
 }
+
+#if defined(INT8_VNNI) || defined(INT8_AVX2)
+// The few instructions the int8 tile needs, at the vector width of the ISA: a lane sums int32
+// (dot products of int16 pairs) or floats.
+#if defined(INT8_VNNI)
+using Int8Sums = __m512i;
+using Int8Floats = __m512;
+// A panel row's bytes (two k of every lane) widened to int16: vpmovzxbw.
+inline Int8Sums widened_weights(const uint8_t* source) {
+    return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(source)));
+}
+// sums + each lane's two int16 products summed: vpdpwssd.
+inline Int8Sums add_pair_products(Int8Sums sums, Int8Sums x, Int8Sums weights) {
+    return _mm512_dpwssd_epi32(sums, x, weights);
+}
+inline Int8Sums broadcast_pair(int32_t pair) { return _mm512_set1_epi32(pair); }
+inline Int8Floats half_floats(const uint16_t* source) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(source)));
+}
+inline Int8Floats splat_float(float v) { return _mm512_set1_ps(v); }
+inline Int8Floats as_floats(Int8Sums v) { return _mm512_cvtepi32_ps(v); }
+inline Int8Floats fused(Int8Floats a, Int8Floats b, Int8Floats c) { return _mm512_fmadd_ps(a, b, c); }
+inline Int8Floats product(Int8Floats a, Int8Floats b) { return _mm512_mul_ps(a, b); }
+inline void store_floats(float* target, Int8Floats v) { _mm512_storeu_ps(target, v); }
+#else
+using Int8Sums = __m256i;
+using Int8Floats = __m256;
+inline Int8Sums widened_weights(const uint8_t* source) {
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source)));
+}
+inline Int8Sums add_pair_products(Int8Sums sums, Int8Sums x, Int8Sums weights) {  // vpmaddwd and an add
+    return _mm256_add_epi32(sums, _mm256_madd_epi16(x, weights));
+}
+inline Int8Sums broadcast_pair(int32_t pair) { return _mm256_set1_epi32(pair); }
+inline Int8Floats half_floats(const uint16_t* source) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source)));
+}
+inline Int8Floats splat_float(float v) { return _mm256_set1_ps(v); }
+inline Int8Floats as_floats(Int8Sums v) { return _mm256_cvtepi32_ps(v); }
+inline Int8Floats fused(Int8Floats a, Int8Floats b, Int8Floats c) { return _mm256_fmadd_ps(a, b, c); }
+inline Int8Floats product(Int8Floats a, Int8Floats b) { return _mm256_mul_ps(a, b); }
+inline void store_floats(float* target, Int8Floats v) { _mm256_storeu_ps(target, v); }
+#endif
+#endif
 
 template <int ROWS, int PANELS>
 struct Int8Tile {
@@ -272,93 +302,46 @@ struct Int8Tile {
         const float* x_scales = x.scales.data() + row0 * blocks;
         const float* x_sums = x.sums.data() + row0 * blocks;
         float sums[ROWS][PANELS][kInt8Lanes];
-#if defined(INT8_VNNI)
-        // vpdpbusd: the weights' bytes (unsigned) by x's high and low bytes (signed), four k a lane.
-        __m512 acc[ROWS][PANELS];
+#if defined(INT8_VNNI) || defined(INT8_AVX2)
+        // The weights' bytes widened to int16 once for all rows, by x's broadcast int16 pairs.
+        Int8Floats acc[ROWS][PANELS];
         for (auto& row : acc)
-            for (auto& a : row) a = _mm512_setzero_ps();
+            for (auto& a : row) a = splat_float(0.0f);
         for (int64_t b = 0; b < blocks; b++) {
-            __m512i high[ROWS][PANELS], low[ROWS][PANELS];
-            for (int i = 0; i < ROWS; i++)
-                for (int j = 0; j < PANELS; j++) high[i][j] = low[i][j] = _mm512_setzero_si512();
-#pragma GCC unroll 16  // the whole block: no loop branches (measured: 5-10% faster)
-            for (int step = 0; step < kSteps; step++) {
-                __m512i weights[PANELS];
-                for (int j = 0; j < PANELS; j++) {
-                    const uint8_t* source = values + j * panel_values + (b * kSteps + step) * kPerLane * kInt8Lanes;
-                    prefetch_line(source + kPrefetchAhead);
-                    weights[j] = _mm512_loadu_si512(source);
-                }
-                for (int i = 0; i < ROWS; i++) {
-                    const int64_t at = first + (i * blocks + b) * kBlock + step * kPerLane;
-                    const __m512i x_high = _mm512_set1_epi32(lane_of(x.high.data() + at));
-                    const __m512i x_low = _mm512_set1_epi32(lane_of(x.low.data() + at));
-                    for (int j = 0; j < PANELS; j++) {
-                        high[i][j] = _mm512_dpbusd_epi32(high[i][j], weights[j], x_high);
-                        low[i][j] = _mm512_dpbusd_epi32(low[i][j], weights[j], x_low);
-                    }
-                }
-            }
-            for (int j = 0; j < PANELS; j++) {
-                const __m512 w_scale = _mm512_cvtph_ps(
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + j * panel_scales + b * kInt8Lanes)));
-                const __m512 w_min = _mm512_cvtph_ps(
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + j * panel_scales + b * kInt8Lanes)));
-                for (int i = 0; i < ROWS; i++) {
-                    const __m512i dots = _mm512_add_epi32(_mm512_slli_epi32(high[i][j], 8), low[i][j]);
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
-                                                _mm512_mul_ps(w_scale, _mm512_set1_ps(x_scales[i * blocks + b])),
-                                                acc[i][j]);
-                    acc[i][j] = _mm512_fmadd_ps(w_min, _mm512_set1_ps(x_sums[i * blocks + b]), acc[i][j]);
-                }
-            }
-        }
-        for (int i = 0; i < ROWS; i++)
-            for (int j = 0; j < PANELS; j++) _mm512_storeu_ps(sums[i][j], acc[i][j]);
-#elif defined(INT8_AVX2)
-        // vpmaddwd: the weights' bytes widened to int16 (vpmovzxbw) by x's int16, pairs summed to int32.
-        __m256 acc[ROWS][PANELS];
-        for (auto& row : acc)
-            for (auto& a : row) a = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; b++) {
-            __m256i dots[ROWS][PANELS];
+            Int8Sums dots[ROWS][PANELS];
             for (auto& row : dots)
-                for (auto& d : row) d = _mm256_setzero_si256();
+                for (auto& d : row) d = broadcast_pair(0);
             auto step_of_block = [&](int step) {
-                __m256i weights[PANELS];
+                Int8Sums weights[PANELS];
                 for (int j = 0; j < PANELS; j++) {
                     const uint8_t* source = values + j * panel_values + (b * kSteps + step) * kPerLane * kInt8Lanes;
                     if (step % kStepsPerLine == 0) prefetch_line(source + kPrefetchAhead);
-                    weights[j] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source)));
+                    weights[j] = widened_weights(source);
                 }
                 for (int i = 0; i < ROWS; i++) {
-                    const int64_t at = first + (i * blocks + b) * kBlock + step * kPerLane;
-                    const __m256i row = _mm256_set1_epi32(lane_of(x.values.data() + at));
-                    for (int j = 0; j < PANELS; j++)
-                        dots[i][j] = _mm256_add_epi32(dots[i][j], _mm256_madd_epi16(row, weights[j]));
+                    const Int8Sums pair = broadcast_pair(pair_of(x.values.data() + first + (i * blocks + b) * kBlock +
+                                                                 step * kPerLane));
+                    for (int j = 0; j < PANELS; j++) dots[i][j] = add_pair_products(dots[i][j], pair, weights[j]);
                 }
             };
-            if constexpr (ROWS <= 2) {  // measured: unrolled, a decode row's block runs 20% faster; 4 rows spill
+            if constexpr (ROWS <= kUnrolledRows) {  // the whole block: no loop branches
 #pragma GCC unroll 16
                 for (int step = 0; step < kSteps; step++) step_of_block(step);
             } else {
                 for (int step = 0; step < kSteps; step++) step_of_block(step);
             }
             for (int j = 0; j < PANELS; j++) {
-                const __m256 w_scale = _mm256_cvtph_ps(
-                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + j * panel_scales + b * kInt8Lanes)));
-                const __m256 w_min = _mm256_cvtph_ps(
-                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + j * panel_scales + b * kInt8Lanes)));
+                const Int8Floats w_scale = half_floats(scales + j * panel_scales + b * kInt8Lanes);
+                const Int8Floats w_min = half_floats(mins + j * panel_scales + b * kInt8Lanes);
                 for (int i = 0; i < ROWS; i++) {
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][j]),
-                                                _mm256_mul_ps(w_scale, _mm256_set1_ps(x_scales[i * blocks + b])),
-                                                acc[i][j]);
-                    acc[i][j] = _mm256_fmadd_ps(w_min, _mm256_set1_ps(x_sums[i * blocks + b]), acc[i][j]);
+                    acc[i][j] = fused(as_floats(dots[i][j]), product(w_scale, splat_float(x_scales[i * blocks + b])),
+                                      acc[i][j]);
+                    acc[i][j] = fused(w_min, splat_float(x_sums[i * blocks + b]), acc[i][j]);
                 }
             }
         }
         for (int i = 0; i < ROWS; i++)
-            for (int j = 0; j < PANELS; j++) _mm256_storeu_ps(sums[i][j], acc[i][j]);
+            for (int j = 0; j < PANELS; j++) store_floats(sums[i][j], acc[i][j]);
 #else
         for (int i = 0; i < ROWS; i++)
             for (int j = 0; j < PANELS; j++)

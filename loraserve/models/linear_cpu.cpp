@@ -216,26 +216,61 @@ struct QuantizedRows {
     int64_t blocks;
 };
 
-void quantize_rows(const float* x, int64_t rows, int64_t k, QuantizedRows& q) {
-    q.blocks = (k + kBlock - 1) / kBlock;
-    q.values.assign(rows * q.blocks * kBlock, 0);
-    q.scales.assign(rows * q.blocks, 0.0f);
-    q.sums.assign(rows * q.blocks, 0.0f);
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t b = 0; b < q.blocks; b++) {
-            const float* block = x + i * k + b * kBlock;
-            const int64_t length = std::min<int64_t>(k - b * kBlock, kBlock);
-            float amax = 0.0f, sum = 0.0f;
-            for (int64_t t = 0; t < length; t++) {
-                amax = std::max(amax, std::abs(block[t]));
-                sum += block[t];
-            }
-            const float scale = amax / kInt16Range, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-            q.scales[i * q.blocks + b] = scale;
-            q.sums[i * q.blocks + b] = sum;
-            int16_t* values = q.values.data() + (i * q.blocks + b) * kBlock;
-            for (int64_t t = 0; t < length; t++) values[t] = int16_t(__builtin_nearbyintf(block[t] * inverse));
+// One block of `length` floats: its scale and sum, and its 32 values (zeros past length).
+inline void quantize_block(const float* block, int64_t length, int16_t* values, float& scale, float& sum) {
+#if defined(__AVX2__)
+    if (length == kBlock) {  // the vector path: the same values and scale, the sum in another order
+        constexpr int kVectors = kBlock / kLanes;
+        Floats v[kVectors], amax{}, total{};
+        for (int t = 0; t < kVectors; t++) {
+            v[t] = load_vector(block + t * kLanes);
+            const Floats magnitude = v[t] < 0 ? -v[t] : v[t];
+            amax = magnitude > amax ? magnitude : amax;
+            total += v[t];
         }
+        float largest = 0.0f;
+        for (int lane = 0; lane < kLanes; lane++) largest = std::max(largest, amax[lane]);
+        scale = largest / kInt16Range;
+        sum = lanes_sum(total);
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        for (int t = 0; t < kVectors; t++) {  // cvtps2dq rounds to nearest even, as nearbyintf
+#if defined(__AVX512F__)
+            const __m512i rounded = _mm512_cvtps_epi32(__m512(v[t] * inverse));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + t * kLanes), _mm512_cvtepi32_epi16(rounded));
+#else
+            const __m256i rounded = _mm256_cvtps_epi32(__m256(v[t] * inverse));
+            const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(values + t * kLanes), packed);
+#endif
+        }
+        return;
+    }
+#endif
+    float amax = 0.0f;
+    sum = 0.0f;
+    for (int64_t t = 0; t < length; t++) {
+        amax = std::max(amax, std::abs(block[t]));
+        sum += block[t];
+    }
+    scale = amax / kInt16Range;
+    const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (int64_t t = 0; t < kBlock; t++) values[t] = t < length ? int16_t(__builtin_nearbyintf(block[t] * inverse)) : 0;
+}
+
+// Measured: a prompt's rows quantized on one thread, scalar, took a fifth of its int8 matmuls.
+constexpr int64_t kQuantizeInParallel = 1 << 14;  // elements of x from which threads share the rows
+
+void quantize_rows(const float* x, int64_t rows, int64_t k, QuantizedRows& q, int num_threads) {
+    q.blocks = (k + kBlock - 1) / kBlock;
+    q.values.resize(rows * q.blocks * kBlock);  // every element written below
+    q.scales.resize(rows * q.blocks);
+    q.sums.resize(rows * q.blocks);
+#pragma omp parallel for num_threads(num_threads) if (rows * k >= kQuantizeInParallel)
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t b = 0; b < q.blocks; b++)
+            quantize_block(x + i * k + b * kBlock, std::min<int64_t>(k - b * kBlock, kBlock),
+                           q.values.data() + (i * q.blocks + b) * kBlock, q.scales[i * q.blocks + b],
+                           q.sums[i * q.blocks + b]);
 }
 
 inline int32_t pair_of(const int16_t* source) {  // two int16 as the bytes of one 32-bit lane
@@ -370,9 +405,13 @@ struct Int8Tile {
 template <typename X>
 void linear_int8(const X* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
                  const uint16_t* mins, int64_t n, X* y, int num_threads) {
-    std::vector<float> scratch;
-    QuantizedRows quantized;
-    quantize_rows(float_rows(x, rows, k, scratch), rows, k, quantized);
+    // Kept between calls: no allocation a matmul. Named through references, which the lambda
+    // below captures: by its own name each OpenMP thread would reach its own, empty, copy.
+    thread_local std::vector<float> kept_scratch;
+    thread_local QuantizedRows kept_rows;
+    std::vector<float>& scratch = kept_scratch;
+    QuantizedRows& quantized = kept_rows;
+    quantize_rows(float_rows(x, rows, k, scratch), rows, k, quantized, num_threads);
     const int64_t blocks = quantized.blocks;
     const int group = int8_panels_for(rows < kInt8Rows ? int(rows) : kInt8Rows);
     over_panels(rows, int8_panel_count(n), kInt8Rows, group, num_threads,

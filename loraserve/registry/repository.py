@@ -213,6 +213,8 @@ class Registry:
                 contents = {info.sha256} | {version.sha256 for version in versions}
                 for version in versions:
                     session.delete(version)
+                # The versions' DELETEs first: after the row's, its ON DELETE CASCADE would leave them none to match.
+                session.flush()
                 session.delete(row)
                 announce(session, name)
                 session.flush()

@@ -18,7 +18,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import FormData, UploadFile
 
 from loraserve.crash_points import crash_point
@@ -32,15 +32,24 @@ from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
 
-_UNSET: Any = object()
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _kept_when_left_out() -> Any:
+    """A PATCH field: null clears it, and one left out keeps its value (exclude_unset below), so its schema shows no
+    default (null would say that leaving it out clears it)."""
+    return Field(None, description="null clears it; left out, it stays", json_schema_extra=_without_default)
+
+
+def _without_default(schema: dict[str, Any]) -> None:
+    del schema["default"]
 
 
 class AdapterPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    description: str | None = _UNSET
-    system_prompt: str | None = _UNSET
+    description: str | None = _kept_when_left_out()
+    system_prompt: str | None = _kept_when_left_out()
 
 
 class LoadLoraRequest(BaseModel):

@@ -10,7 +10,12 @@
 // block holds [block_size, Hkv, D] contiguous elements and blocks lie block_stride apart.
 // Gathering the blocks first (as the torch path does) copies every key and value once more
 // per layer; here each is read once, a whole block at a time with the next one prefetched.
-// Math in float32; rows spread over the OpenMP threads (the libgomp team torch uses).
+// Math in float32. The work is cut into spans of at most kSpanTokens of a row's context, shared
+// out over the OpenMP threads (the libgomp team torch uses): one long chat keeps every core
+// reading its context, not one. A row of one span is computed as a whole; a longer row's spans
+// each keep their softmax's maximum and sum with their unnormalized sum of values, and are
+// merged after (flash-decoding). Spans depend on the row's own length alone, so a row's result
+// does not change with the batch around it or the number of threads.
 //
 // Built by sgmv_kernels/build.py with the host compiler, no torch headers.
 #include <algorithm>
@@ -25,8 +30,10 @@
 
 namespace {
 
-// The next row's K and V blocks, asked for a few cache lines per token of the current row:
-// the next row then starts with its context on its way instead of waiting on memory block
+constexpr int64_t kSpanTokens = 256;  // rounded down to whole blocks (at least one)
+
+// The next span's K and V blocks, asked for a few cache lines per token of the current span:
+// the next span then starts with its context on its way instead of waiting on memory block
 // by block (blocks lie scattered, so the hardware prefetchers cannot guess them).
 template <typename T>
 struct UpcomingRow {
@@ -48,15 +55,15 @@ struct UpcomingRow {
     }
 };
 
-// Where one row's tokens lie in the cache, and the shapes every phase needs.
+// Where one span's tokens lie in the cache, and the shapes every phase needs.
 template <typename T>
 struct RowCache {
     const T* cache;  // k_cache or v_cache
     int64_t block_stride, block_size, token_stride;
-    const int64_t* table;  // this row's block table
-    int64_t length;        // its context length
+    const int64_t* table;  // the span's blocks: its row's block table from the span's first block
+    int64_t length;        // its tokens
     int64_t num_heads, num_kv_heads, head_dim;
-    UpcomingRow<T>* upcoming;  // the row this thread takes next (nothing to fetch after its last)
+    UpcomingRow<T>* upcoming;  // the span this thread takes next (nothing to fetch after its last)
 
     const T* token(int64_t l) const { return cache + table[l / block_size] * block_stride + (l % block_size) * token_stride; }
 
@@ -244,57 +251,120 @@ Phases<T> phases_for(int64_t head_dim, int64_t per_kv_head) {
     return {score_keys<T>, sum_values<T>};
 }
 
+// One span of a row's context: tokens [first, first + length).
+struct Span {
+    int64_t row, first, length;
+};
+
+// Every row's spans of at most span_tokens, row after row (a row of no context has none).
+std::vector<Span> spans_of(const int64_t* context_lens, int64_t rows, int64_t span_tokens) {
+    std::vector<Span> spans;
+    for (int64_t b = 0; b < rows; b++)
+        for (int64_t first = 0; first < context_lens[b]; first += span_tokens)
+            spans.push_back({b, first, std::min(span_tokens, context_lens[b] - first)});
+    return spans;
+}
+
+// scores[head, :length] -> e^(score - the head's maximum), in place; (maximum, sum) per head.
+inline void exponentiate(float* scores, int64_t num_heads, int64_t length, float* highest, float* total) {
+    for (int64_t head = 0; head < num_heads; head++) {
+        float* row = scores + head * length;
+        float top = row[0];
+        for (int64_t l = 1; l < length; l++) top = row[l] > top ? row[l] : top;
+        float sum = 0.0f;
+        int64_t l = 0;
+        for (; l + kLanes <= length; l += kLanes) {
+            const Floats e = exp_nonpositive(load_vector(row + l) - top);
+            std::memcpy(row + l, &e, sizeof e);
+            sum += lanes_sum(e);
+        }
+        for (; l < length; l++) {
+            row[l] = std::exp(row[l] - top);
+            sum += row[l];
+        }
+        highest[head] = top;
+        total[head] = sum;
+    }
+}
+
 template <typename T>
 void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, const T* v_cache,
                             int64_t block_stride, const int64_t* block_tables, int64_t max_blocks,
                             const int64_t* context_lens, int64_t rows, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t block_size, float scale, T* out, int num_threads) {
-    const int64_t token_stride = num_kv_heads * head_dim;
+    const int64_t token_stride = num_kv_heads * head_dim, width = num_heads * head_dim;
     const Phases<T> phases = phases_for<T>(head_dim, num_heads / num_kv_heads);
+    const int64_t span_tokens = std::max<int64_t>(1, kSpanTokens / block_size) * block_size;
+    const std::vector<Span> spans = spans_of(context_lens, rows, span_tokens);
+    const int64_t count = int64_t(spans.size());
+    // A split row's spans: per span, per head, its (unnormalized) sums of values, maximum and sum.
+    std::vector<float> partial_sums(count * width), partial_highest(count * num_heads), partial_total(count * num_heads);
+    for (int64_t b = 0; b < rows; b++)  // rows of no context: zeros, as softmax over nothing is taken to be
+        if (context_lens[b] == 0)
+            for (int64_t d = 0; d < width; d++) store(out + b * width + d, 0.0f);
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<float> queries(num_heads * head_dim), sums(num_heads * head_dim);
-        std::vector<float> scores(num_heads * max_blocks * block_size);
-        // One row at a time, all of its heads: each of its blocks is read once, as a whole.
-        // Each thread takes a contiguous share of the rows, so it knows which row comes next.
-        const auto [begin, end] = thread_share(rows, omp_get_thread_num(), omp_get_num_threads());
+        std::vector<float> queries(width), sums(width), highest(num_heads), total(num_heads);
+        std::vector<float> scores(num_heads * std::min(span_tokens, max_blocks * block_size));
+        // Each thread takes a contiguous share of the spans, so it knows which one comes next.
+        const auto [begin, end] = thread_share(count, omp_get_thread_num(), omp_get_num_threads());
         const int64_t block_bytes = block_size * token_stride * int64_t(sizeof(T));
-        for (int64_t b = begin; b < end; b++) {
-            const int64_t length = context_lens[b];
-            const int64_t* table = block_tables + b * max_blocks;
+        for (int64_t n = begin; n < end; n++) {
+            const Span span = spans[n];
+            const int64_t length = span.length;
+            const int64_t* table = block_tables + span.row * max_blocks + span.first / block_size;
             UpcomingRow<T> upcoming{k_cache, v_cache, block_stride, block_bytes / 64, nullptr, 0, 0};
-            if (b + 1 < end) {
-                upcoming.table = block_tables + (b + 1) * max_blocks;
-                upcoming.num_blocks = (context_lens[b + 1] + block_size - 1) / block_size;
+            if (n + 1 < end) {
+                const Span next = spans[n + 1];
+                upcoming.table = block_tables + next.row * max_blocks + next.first / block_size;
+                upcoming.num_blocks = (next.length + block_size - 1) / block_size;
                 upcoming.lines_per_token = (2 * upcoming.num_blocks * upcoming.lines_per_block + 2 * length - 1) / (2 * length);
             }
-            for (int64_t d = 0; d < num_heads * head_dim; d++)
-                queries[d] = load(q[b * q_row_stride + d]) * scale;
+            for (int64_t d = 0; d < width; d++) queries[d] = load(q[span.row * q_row_stride + d]) * scale;
             const RowCache<T> keys{k_cache, block_stride, block_size, token_stride, table, length,
                                    num_heads, num_kv_heads, head_dim, &upcoming};
             phases.score(keys, queries.data(), scores.data());
-            for (int64_t head = 0; head < num_heads; head++) {
-                float* row = scores.data() + head * length;
-                float highest = row[0];
-                for (int64_t l = 1; l < length; l++) highest = row[l] > highest ? row[l] : highest;
-                float total = 0.0f;
-                int64_t l = 0;
-                for (; l + kLanes <= length; l += kLanes) {
-                    const Floats e = exp_nonpositive(load_vector(row + l) - highest);
-                    std::memcpy(row + l, &e, sizeof e);
-                    total += lanes_sum(e);
+            exponentiate(scores.data(), num_heads, length, highest.data(), total.data());
+            const bool whole_row = length == context_lens[span.row];
+            if (whole_row)  // the probabilities themselves, then their sum of values is the output
+                for (int64_t head = 0; head < num_heads; head++) {
+                    const float inverse = 1.0f / total[head];
+                    float* row = scores.data() + head * length;
+                    for (int64_t l = 0; l < length; l++) row[l] *= inverse;
                 }
-                for (; l < length; l++) {
-                    row[l] = std::exp(row[l] - highest);
-                    total += row[l];
-                }
-                const float inverse = 1.0f / total;
-                for (int64_t l = 0; l < length; l++) row[l] *= inverse;
-            }
             RowCache<T> values = keys;
             values.cache = v_cache;
-            phases.sum(values, scores.data(), sums.data());
-            for (int64_t d = 0; d < num_heads * head_dim; d++) store(out + b * num_heads * head_dim + d, sums[d]);
+            phases.sum(values, scores.data(), whole_row ? sums.data() : partial_sums.data() + n * width);
+            if (whole_row) {
+                for (int64_t d = 0; d < width; d++) store(out + span.row * width + d, sums[d]);
+            } else {
+                std::copy(highest.begin(), highest.end(), partial_highest.begin() + n * num_heads);
+                std::copy(total.begin(), total.end(), partial_total.begin() + n * num_heads);
+            }
+        }
+#pragma omp barrier
+        // Each split row's spans merged, every span's part scaled to the row's maximum.
+#pragma omp for
+        for (int64_t b = 0; b < rows; b++) {
+            if (context_lens[b] <= span_tokens) continue;
+            const int64_t first = std::lower_bound(spans.begin(), spans.end(), b,
+                                                   [](const Span& span, int64_t row) { return span.row < row; }) -
+                                  spans.begin();
+            const int64_t last = first + (context_lens[b] + span_tokens - 1) / span_tokens;
+            for (int64_t head = 0; head < num_heads; head++) {
+                float top = partial_highest[first * num_heads + head];
+                for (int64_t n = first + 1; n < last; n++) top = std::max(top, partial_highest[n * num_heads + head]);
+                float sum = 0.0f;
+                for (int64_t d = 0; d < head_dim; d++) sums[d] = 0.0f;
+                for (int64_t n = first; n < last; n++) {
+                    const float weight = std::exp(partial_highest[n * num_heads + head] - top);
+                    sum += weight * partial_total[n * num_heads + head];
+                    const float* part = partial_sums.data() + n * width + head * head_dim;
+                    for (int64_t d = 0; d < head_dim; d++) sums[d] += weight * part[d];
+                }
+                const float inverse = 1.0f / sum;
+                for (int64_t d = 0; d < head_dim; d++) store(out + b * width + head * head_dim + d, sums[d] * inverse);
+            }
         }
     }
 }

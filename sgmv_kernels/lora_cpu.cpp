@@ -12,8 +12,11 @@
 // adapter's true rank. Rows arrive sorted by slot and cut into chunks of at most kChunkRows
 // rows of one slot: a chunk reads its adapter's rows once for all of its rows, so a decode
 // step streams each running adapter's weights once. Chunks are shared out over the OpenMP
-// threads (the libgomp team torch uses). Math in float32; each output element is rounded
-// once, as torch's out.add_(float32 delta) rounds it.
+// threads (the libgomp team torch uses); fewer chunks than threads (one chat) are each split
+// instead, A's rows and then B's columns shared out, so every core reads the adapter. Either
+// way each sum is taken in the same order, so a row's result does not depend on the split.
+// Math in float32; each output element is rounded once, as torch's out.add_(float32 delta)
+// rounds it.
 //
 // Built by native.py with the host compiler (-O3 -march=native), no torch headers.
 #include <cstdint>
@@ -168,12 +171,18 @@ inline void expand_block(const float* y, int64_t max_rank, const T* pool, const 
         }
 }
 
+// The columns expand() takes at a time for ROWS rows: enough sums in flight for few rows, as
+// long as each vector's ROWS sums and weights fit.
+template <int ROWS>
+constexpr int64_t expand_columns() {
+    return vectors_that_fit(chains_per_row<ROWS>() > 2 ? chains_per_row<ROWS>() : 2, ROWS + 1) * kLanes;
+}
+
+// Columns [o, width) of one projection; o a multiple of expand_columns<ROWS>().
 template <int ROWS, typename T>
 void expand(const float* y, int64_t max_rank, const T* pool, const int64_t* b_rows, int rank, float scale,
-            T* const* targets, int64_t width) {
-    // Enough sums in flight for few rows, as long as each vector's ROWS sums and weights fit.
-    constexpr int kVectors = vectors_that_fit(chains_per_row<ROWS>() > 2 ? chains_per_row<ROWS>() : 2, ROWS + 1);
-    int64_t o = 0;
+            T* const* targets, int64_t width, int64_t o = 0) {
+    constexpr int kVectors = expand_columns<ROWS>() / kLanes;
     for (; o + kVectors * kLanes <= width; o += kVectors * kLanes)
         expand_block<ROWS, kVectors>(y, max_rank, pool, b_rows, rank, scale, targets, o);
     for (; o + kLanes <= width; o += kLanes)
@@ -186,12 +195,18 @@ void expand(const float* y, int64_t max_rank, const T* pool, const int64_t* b_ro
         }
 }
 
-// One chunk (ROWS rows of one slot) through every projection of the group.
+// This thread's part of a chunk that all `threads` work on together (threads 1: the whole).
+struct Split {
+    int64_t thread, threads;
+};
+
+// One chunk (ROWS rows of one slot) through every projection of the group. Split over threads,
+// each takes a share of A's rows into the shared y, and after a barrier a share of B's columns.
 template <int ROWS, typename T>
 void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, const int64_t* a_rows,
            const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
            const int64_t* widths, int64_t num_projections, const int64_t* rows, int32_t slot, T* out,
-           int64_t out_stride, float* xs, float* y) {
+           int64_t out_stride, float* xs, float* y, Split split) {
     const T* x_rows[ROWS];
     for (int i = 0; i < ROWS; i++) x_rows[i] = x + rows[i] * x_stride;
     if constexpr (!kDotProductShrink<T>)
@@ -204,11 +219,22 @@ void chunk(const T* x, int64_t x_stride, int64_t in_features, const T* pool, con
         if (rank > 0) {
             const int64_t* a_table = a_rows + table * max_rank;
             const int64_t* b_table = b_rows + table * max_rank;
+            const auto [k, k_end] = thread_share(rank, split.thread, split.threads);
+            const int part = int(k_end - k);
             if constexpr (kDotProductShrink<T>)
-                shrink_bf16<ROWS>(x_rows, in_features, pool, a_table, rank, y, max_rank, b_table, widths[j]);
+                shrink_bf16<ROWS>(x_rows, in_features, pool, a_table + k, part, y + k, max_rank, b_table + k, widths[j]);
             else
-                shrink<ROWS>(xs, in_features, pool, a_table, rank, y, max_rank, b_table, widths[j]);
-            expand<ROWS>(y, max_rank, pool, b_table, rank, scales[table], targets, widths[j]);
+                shrink<ROWS>(xs, in_features, pool, a_table + k, part, y + k, max_rank, b_table + k, widths[j]);
+            const int64_t blocks = (widths[j] + expand_columns<ROWS>() - 1) / expand_columns<ROWS>();
+            const auto [block, block_end] = thread_share(blocks, split.thread, split.threads);
+            if (split.threads > 1) {
+#pragma omp barrier
+            }
+            expand<ROWS>(y, max_rank, pool, b_table, rank, scales[table], targets,
+                         std::min(widths[j], block_end * expand_columns<ROWS>()), block * expand_columns<ROWS>());
+            if (split.threads > 1) {  // y is the next projection's
+#pragma omp barrier
+            }
         }
         for (int i = 0; i < ROWS; i++) targets[i] += widths[j];
     }
@@ -223,12 +249,18 @@ void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, 
               const int64_t* b_rows, const int32_t* ranks, const float* scales, int64_t num_slots, int64_t max_rank,
               const int64_t* widths, int64_t num_projections, const int64_t* order, const int32_t* chunks,
               int64_t num_chunks, T* out, int64_t out_stride, int num_threads) {
+    std::vector<float> shared_y(kChunkRows * max_rank);  // a split chunk's y, which every thread reads
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<float> xs(kDotProductShrink<T> ? 0 : kChunkRows * in_features), y(kChunkRows * max_rank);
+        std::vector<float> xs(kDotProductShrink<T> ? 0 : kChunkRows * in_features), own_y(kChunkRows * max_rank);
+        const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
         // Each thread takes a contiguous share of the chunks: a slot's chunks mostly stay on one
-        // thread, which then reads its adapter's weights once.
-        const auto [begin, end] = thread_share(num_chunks, omp_get_thread_num(), omp_get_num_threads());
+        // thread, which then reads its adapter's weights once. Fewer chunks than threads: every
+        // thread on each chunk in turn.
+        const bool split = num_chunks < threads;
+        const auto [begin, end] = split ? Share{0, num_chunks} : thread_share(num_chunks, thread, threads);
+        float* y = split ? shared_y.data() : own_y.data();
+        const Split part = split ? Split{thread, threads} : Split{0, 1};
         for (int64_t c = begin; c < end; c++) {
             const int32_t first = chunks[3 * c], rows = chunks[3 * c + 1] - first, slot = chunks[3 * c + 2];
             // One instance per row count: the per-row partial sums then live in registers.
@@ -236,7 +268,7 @@ void lora_add(const T* x, int64_t x_stride, int64_t in_features, const T* pool, 
 #define LORA_CHUNK(ROWS)                                                                                          \
     case ROWS:                                                                                                    \
         chunk<ROWS>(x, x_stride, in_features, pool, a_rows, b_rows, ranks, scales, num_slots, max_rank, widths, \
-                    num_projections, order + first, slot, out, out_stride, xs.data(), y.data());               \
+                    num_projections, order + first, slot, out, out_stride, xs.data(), y, part);                \
         break;
                 LORA_CHUNK(1) LORA_CHUNK(2) LORA_CHUNK(3) LORA_CHUNK(4)
                 LORA_CHUNK(5) LORA_CHUNK(6) LORA_CHUNK(7) LORA_CHUNK(8)

@@ -48,6 +48,8 @@ NATIVE_CASES = [
     *CASES,
     (576, 192, [20, 3, 9], [1, 2, 1]),  # a slot's rows over several chunks, and split by another slot
     (100, 40, [2, 5], [3, 0]),  # widths that are no multiple of the vector length: the scalar tails
+    (576, 1536, [1], [2]),  # one chat: fewer chunks than threads, so the threads split the chunk
+    (100, 40, [5], [3]),  # a split chunk's scalar tails
 ]
 
 
@@ -61,6 +63,26 @@ def test_native_kernel_equals_the_reference(kernel, in_features, out_features, l
     want = reference(x, pooled, lengths, slots, out)
     kernel.add(x, one_projection(pooled, in_features, out_features), RowChunks.of_segments(lengths, slots), out)
     torch.testing.assert_close(out, want, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_chunk_split_over_threads_gives_the_bits_of_one_thread(kernel, dtype):
+    """One chat's row: each thread takes part of A's rows and of B's columns, each sum in the same order."""
+    gen = torch.Generator().manual_seed(11)
+    pooled, _, _ = make_pool(6, 576, 1536, dtype, gen)
+    x = torch.randn(1, 576, generator=gen).to(dtype)
+    start = torch.randn(1, 1536, generator=gen).to(dtype)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            out = start.clone()
+            kernel.add(x, one_projection(pooled, 576, 1536), RowChunks.of_segments([1], [4]), out)
+            results.append(out)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(results[0], other) for other in results[1:])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -69,18 +69,22 @@ inline void store_panel(const float* sums, int lanes, Y* y, int64_t n, int64_t f
     }
 }
 
-// Runs tile(rows, panels, first row, first panel) over all `rows` x `panel_total` panels: each
-// thread its share of the panels, taken `group` at a time, each group against every row tile of
-// at most `max_rows` rows before the next group.
+// Runs tile(rows, panels, first row, first panel, spacing) over all `rows` x `panel_total`
+// panels: each thread takes a contiguous share of the panels, and a tile `group` of them
+// `spacing` panels apart, so that its panels are read as `group` long streams through the share
+// (adjacent panels are short streams, each restarting the hardware prefetcher: one chat's decode
+// step took 16% longer that way on a Zen 3). Each tile's panels pass under every row tile of at
+// most `max_rows` rows before the next, so they are read from memory once whatever the batch.
 template <typename Tile>
 void over_panels(int64_t rows, int64_t panel_total, int max_rows, int group, int num_threads, Tile tile) {
 #pragma omp parallel num_threads(num_threads)
     {
         const auto [begin, end] = thread_share(panel_total, omp_get_thread_num(), omp_get_num_threads());
-        for (int64_t panel = begin; panel < end; panel += group) {
-            const int panels = end - panel < group ? int(end - panel) : group;
+        const int64_t count = end - begin, spacing = (count + group - 1) / group;
+        for (int64_t first = 0; first < spacing; first++) {
+            const int panels = int(std::min<int64_t>(group, (count - first + spacing - 1) / spacing));
             for (int64_t row = 0; row < rows; row += max_rows)
-                tile(rows - row < max_rows ? int(rows - row) : max_rows, panels, row, panel);
+                tile(rows - row < max_rows ? int(rows - row) : max_rows, panels, row, begin + first, spacing);
         }
     }
 }
@@ -112,15 +116,17 @@ struct Bf16Tile {
     static constexpr bool fits = ROWS <= kBf16Rows && PANELS <= bf16_panels_for(ROWS);
 
     template <typename Y>
-    static void run(const float* x, int64_t k, const BFloat16* panels, Y* y, int64_t n, int64_t first_output) {
+    static void run(const float* x, int64_t k, const BFloat16* panels, int64_t spacing, Y* y, int64_t n,
+                    int64_t first_output) {
         Floats acc[ROWS][PANELS] = {};
         constexpr int64_t kSteps = 64 / (kLanes * sizeof(BFloat16));  // k steps a cache line of a panel lasts
         for (int64_t h = 0; h < k; h++) {
+            const BFloat16* at = panels + h * kLanes;  // panel j's row h lies j * spacing * k * kLanes further
             if (h % kSteps == 0)
                 for (int j = 0; j < PANELS; j++)
-                    prefetch_line(reinterpret_cast<const char*>(panels + (j * k + h) * kLanes) + kPrefetchAhead);
+                    prefetch_line(reinterpret_cast<const char*>(at + j * spacing * k * kLanes) + kPrefetchAhead);
             Floats weights[PANELS];
-            for (int j = 0; j < PANELS; j++) weights[j] = load_vector(panels + (j * k + h) * kLanes);
+            for (int j = 0; j < PANELS; j++) weights[j] = load_vector(at + j * spacing * k * kLanes);
             for (int i = 0; i < ROWS; i++) {
                 const Floats broadcast = splat(x[i * k + h]);
                 for (int j = 0; j < PANELS; j++) acc[i][j] += broadcast * weights[j];
@@ -130,7 +136,7 @@ struct Bf16Tile {
             for (int j = 0; j < PANELS; j++) {
                 float sums[kLanes];
                 std::memcpy(sums, &acc[i][j], sizeof sums);
-                store_panel(sums, kLanes, y + i * n, n, first_output + j * kLanes);
+                store_panel(sums, kLanes, y + i * n, n, first_output + j * spacing * kLanes);
             }
     }
 };
@@ -141,9 +147,9 @@ void linear_bf16(const X* x, int64_t rows, int64_t k, const BFloat16* packed, in
     const float* xs = float_rows(x, rows, k, scratch);
     const int group = bf16_panels_for(rows < kBf16Rows ? int(rows) : kBf16Rows);  // fits every row tile
     over_panels(rows, bf16_panel_count(n), kBf16Rows, group, num_threads,
-                [&](int tile_rows, int panels, int64_t row, int64_t panel) {
-                    dispatch<Bf16Tile>(tile_rows, panels, xs + row * k, k, packed + panel * k * kLanes, y + row * n,
-                                       n, panel * kLanes);
+                [&](int tile_rows, int panels, int64_t row, int64_t panel, int64_t spacing) {
+                    dispatch<Bf16Tile>(tile_rows, panels, xs + row * k, k, packed + panel * k * kLanes, spacing,
+                                       y + row * n, n, panel * kLanes);
                 });
 }
 
@@ -327,12 +333,13 @@ template <int ROWS, int PANELS>
 struct Int8Tile {
     static constexpr bool fits = ROWS <= kInt8Rows && PANELS <= int8_panels_for(ROWS);
 
-    // Rows row0.. of x against PANELS panels starting at `values` / `scales` / `mins`, into y
-    // (row0's row). A block's sum: scale_w * scale_x * (q . x_q) + min_w * sum(x), q . x_q in int32.
+    // Rows row0.. of x against PANELS panels `spacing` apart from `values` / `scales` / `mins`,
+    // into y (row0's row). A block's sum: scale_w * scale_x * (q . x_q) + min_w * sum(x), q . x_q in int32.
     template <typename Y>
     static void run(const QuantizedRows& x, int64_t row0, const uint8_t* values, const uint16_t* scales,
-                    const uint16_t* mins, Y* y, int64_t n, int64_t first_output) {
-        const int64_t blocks = x.blocks, panel_values = blocks * kBlock * kInt8Lanes, panel_scales = blocks * kInt8Lanes;
+                    const uint16_t* mins, int64_t spacing, Y* y, int64_t n, int64_t first_output) {
+        const int64_t blocks = x.blocks, panel_values = spacing * blocks * kBlock * kInt8Lanes;
+        const int64_t panel_scales = spacing * blocks * kInt8Lanes;
         const int64_t first = row0 * blocks * kBlock;
         const float* x_scales = x.scales.data() + row0 * blocks;
         const float* x_sums = x.sums.data() + row0 * blocks;
@@ -398,7 +405,7 @@ struct Int8Tile {
 #endif
         for (int i = 0; i < ROWS; i++)
             for (int j = 0; j < PANELS; j++)
-                store_panel(sums[i][j], kInt8Lanes, y + i * n, n, first_output + j * kInt8Lanes);
+                store_panel(sums[i][j], kInt8Lanes, y + i * n, n, first_output + j * spacing * kInt8Lanes);
     }
 };
 
@@ -415,10 +422,10 @@ void linear_int8(const X* x, int64_t rows, int64_t k, const uint8_t* values, con
     const int64_t blocks = quantized.blocks;
     const int group = int8_panels_for(rows < kInt8Rows ? int(rows) : kInt8Rows);
     over_panels(rows, int8_panel_count(n), kInt8Rows, group, num_threads,
-                [&](int tile_rows, int panels, int64_t row, int64_t panel) {
+                [&](int tile_rows, int panels, int64_t row, int64_t panel, int64_t spacing) {
                     const int64_t at = panel * blocks * kInt8Lanes;
                     dispatch<Int8Tile>(tile_rows, panels, quantized, row, values + at * kBlock, scales + at, mins + at,
-                                       y + row * n, n, panel * kInt8Lanes);
+                                       spacing, y + row * n, n, panel * kInt8Lanes);
                 });
 }
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import add_report_flags, bench_command, machine_description, write_section
+from benchmarks.report import add_report_flags, bench_command, cpu_class_suffix, machine_description, write_section
 from loraserve import LLM, SamplingParams
 from loraserve.config import default_cache_dir
 from loraserve.models.default_model import default_model_dir
@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
         [
             "## Quality of the weights modes (teacher-forced"
             + ("" if args.window is None else f", windows of {args.window} as llama-perplexity scores")
-            + ")",
+            + ")"
+            + (" (AVX2 only)" if cpu_class_suffix() else ""),
             "",
             f"Command: `{bench_command('quality', argv)}`. Machine: {machine_description()}.",
             "",
@@ -163,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     if not args.quick:
-        write_section(args.output, "bench-quality" if args.window is None else f"bench-quality-{args.window}", body)
+        section = "bench-quality" + ("" if args.window is None else f"-{args.window}") + cpu_class_suffix()
+        write_section(args.output, section, body)
     print(body)
 
 

@@ -41,6 +41,12 @@ def cpu_isa() -> str:
     return ", ".join(found) or platform.machine()
 
 
+def cpu_class_suffix() -> str:
+    """The empty string on an AVX-512 CPU, "-avx2" on one without: the suffix of the sections whose
+    figures depend on the CPU class, so a run on one class does not replace the other's."""
+    return "" if "AVX-512" in cpu_isa() else "-avx2"
+
+
 def _cpu_name() -> str:
     """The CPU's model name with its family and model numbers: VMs that all call themselves
     "AMD EPYC" differ by generation (family 25 model 17 is a Zen 4, family 26 a Zen 5)."""

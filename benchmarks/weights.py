@@ -77,9 +77,11 @@ def workloads(llm: LLM, names: list[str], tokens: int) -> list[JobWorkload]:
     ]
 
 
-def tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
-    """The best of `repeats` runs, after a warm-up run (kernels built, adapters loaded)."""
-    params = SamplingParams(temperature=0.0, max_tokens=workload.output_lens[0], ignore_eos=True)
+def best_seconds(llm: LLM, workload: JobWorkload, repeats: int, max_tokens: int | None = None) -> float:
+    """The best of `repeats` runs of the workload (each prompt `max_tokens` tokens, default its own), after a
+    warm-up run (kernels built, adapters loaded)."""
+    tokens = max_tokens or workload.output_lens[0]
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     run = functools.partial(llm.generate, workload.prompts, params, adapters=workload.adapters, use_tqdm=False)
     run()
     best = float("inf")
@@ -87,7 +89,20 @@ def tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
         start = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - start)
-    return sum(workload.output_lens) / best
+    return best
+
+
+def tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
+    """Every chat's tokens over the best run's time, prompts included."""
+    return sum(workload.output_lens) / best_seconds(llm, workload, repeats)
+
+
+def decode_tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
+    """The tokens after the first over their time: the whole run's best less the best of its prompt and first
+    token alone. What the memory floor bounds (a decode step reads the weights once; a prompt step is
+    bound by its products)."""
+    whole, first = best_seconds(llm, workload, repeats), best_seconds(llm, workload, repeats, max_tokens=1)
+    return (workload.output_lens[0] - 1) / (whole - first)
 
 
 Rates = tuple[float, float, float]  # one chat, one chat with an adapter, 32 chats over the adapters
@@ -164,8 +179,9 @@ def main(argv: list[str] | None = None) -> None:
             floor = bandwidth * 1e3 / megabytes
             measured = [tokens_per_second(llm, job, repeats) for job in jobs]
             one, one_adapter, mixed = ours[mode] = (measured[0], measured[1], measured[2])
+            decode = decode_tokens_per_second(llm, jobs[0], repeats)
             row = f"| {dtype} | {weights} | {megabytes:.0f} | {floor:.0f} | {one:.1f} ({one / floor:.2f}) "
-            row += f"| {one_adapter:.1f} | {mixed:.0f} |"
+            row += f"| {decode:.1f} ({decode / floor:.2f}) | {one_adapter:.1f} | {mixed:.0f} |"
             print(row, flush=True)
             rows.append(row)
             llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
@@ -179,12 +195,14 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Streaming read: {bandwidth:.1f} GB/s (best of a sum, a max and a matrix-vector product over 1 GiB). "
         "Floor: that bandwidth over the bytes of the matmul weights (one decode step reads each once). "
+        "Tok/s: a chat's tokens over its whole time, prompt included; decode: the tokens after the first over "
+        "their own time (the run's best less the best of its prompt and first token alone). "
         f"{tokens} tokens a chat, greedy, EOS ignored, prefix cache off, best of {repeats}; "
         f"{len(adapter_dirs)} random adapters of rank 16 on all projections.",
         "",
-        "| compute | weights | weight MB | floor tok/s | 1 chat tok/s (of floor) | 1 chat, adapter "
-        "| 32 chats, 8 adapters |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| compute | weights | weight MB | floor tok/s | 1 chat tok/s (of floor) | its decode tok/s (of floor) "
+        "| 1 chat, adapter | 32 chats, 8 adapters |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
     if peer_rows:

@@ -97,12 +97,13 @@ def tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
     return sum(workload.output_lens) / best_seconds(llm, workload, repeats)
 
 
-def decode_tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
-    """The tokens after the first over their time: the whole run's best less the best of its prompt and first
-    token alone. What the memory floor bounds (a decode step reads the weights once; a prompt step is
-    bound by its products)."""
+def whole_and_decode_rates(llm: LLM, workload: JobWorkload, repeats: int) -> tuple[float, float]:
+    """One chat's tokens over the best run's time, and the tokens after the first over their own time: that
+    best less the best of its prompt and first token alone. The decode rate is what the memory floor
+    bounds (a decode step reads the weights once; a prompt step is bound by its products)."""
     whole, first = best_seconds(llm, workload, repeats), best_seconds(llm, workload, repeats, max_tokens=1)
-    return (workload.output_lens[0] - 1) / (whole - first)
+    tokens = workload.output_lens[0]
+    return tokens / whole, (tokens - 1) / (whole - first)
 
 
 Rates = tuple[float, float, float]  # one chat, one chat with an adapter, 32 chats over the adapters
@@ -177,9 +178,9 @@ def main(argv: list[str] | None = None) -> None:
             jobs = workloads(llm, [path.name for path in adapter_dirs], tokens)
             megabytes = weight_bytes(loaded) / 1e6
             floor = bandwidth * 1e3 / megabytes
-            measured = [tokens_per_second(llm, job, repeats) for job in jobs]
-            one, one_adapter, mixed = ours[mode] = (measured[0], measured[1], measured[2])
-            decode = decode_tokens_per_second(llm, jobs[0], repeats)
+            one, decode = whole_and_decode_rates(llm, jobs[0], repeats)
+            one_adapter, mixed = (tokens_per_second(llm, job, repeats) for job in jobs[1:])
+            ours[mode] = (one, one_adapter, mixed)
             row = f"| {dtype} | {weights} | {megabytes:.0f} | {floor:.0f} | {one:.1f} ({one / floor:.2f}) "
             row += f"| {decode:.1f} ({decode / floor:.2f}) | {one_adapter:.1f} | {mixed:.0f} |"
             print(row, flush=True)

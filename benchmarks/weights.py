@@ -1,10 +1,10 @@
 """Decode tok/s per way of holding the weights (--weights), against the memory floor.
 
 A decode step reads every matmul weight once: its floor is the weights' bytes over the memory
-bandwidth, measured here as the best of a few streaming reads of 1 GiB. Per mode: one chat
-(base, and with an adapter), and 32 chats over 8 adapters (rank 16, all projections), 64
-tokens each, greedy, EOS ignored, prefix cache off, best of --repeats. Then llama.cpp's
-llama-server on the same token ids, per weights type of the same bytes (f32, f16, bf16, q8_0).
+bandwidth, measured here as the best of a few streaming reads of 1 GiB just before each mode's
+chat. Per mode: one chat (base, and with an adapter), and 32 chats over 8 adapters (rank 16, all
+projections), 64 tokens each, greedy, EOS ignored, prefix cache off, best of --repeats. Then
+llama.cpp's llama-server on the same token ids, per weights type of the same bytes (f32, f16, bf16, q8_0).
 
     loraserve bench weights            # writes its section of docs/benchmarks.md
     loraserve bench weights --quick    # a smoke run, nothing written
@@ -161,8 +161,6 @@ def main(argv: list[str] | None = None) -> None:
         modes += ["bfloat16:bfloat16", "bfloat16:int8"]
     tokens, repeats = (8, 1) if args.quick else (args.tokens, args.repeats)
     peer = (args.peer or ("none" if args.quick else "llama.cpp")) == "llama.cpp"
-    bandwidth = streaming_read_gbs()
-    print(f"streaming read: {bandwidth:.1f} GB/s", flush=True)
     rows, peer_rows, ours, theirs = [], [], {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         adapter_dirs: list[Path] = []
@@ -177,12 +175,14 @@ def main(argv: list[str] | None = None) -> None:
                 llm.add_adapter(path.name, path)
             jobs = workloads(llm, [path.name for path in adapter_dirs], tokens)
             megabytes = weight_bytes(loaded) / 1e6
+            bandwidth = streaming_read_gbs()  # just before the chat it bounds: this VM's bandwidth drifts
             floor = bandwidth * 1e3 / megabytes
             one, decode = whole_and_decode_rates(llm, jobs[0], repeats)
             one_adapter, mixed = (tokens_per_second(llm, job, repeats) for job in jobs[1:])
             ours[mode] = (one, one_adapter, mixed)
-            row = f"| {dtype} | {weights} | {megabytes:.0f} | {floor:.0f} | {one:.1f} ({one / floor:.2f}) "
-            row += f"| {decode:.1f} ({decode / floor:.2f}) | {one_adapter:.1f} | {mixed:.0f} |"
+            row = f"| {dtype} | {weights} | {megabytes:.0f} | {bandwidth:.1f} | {floor:.0f} "
+            row += f"| {one:.1f} ({one / floor:.2f}) | {decode:.1f} ({decode / floor:.2f}) "
+            row += f"| {one_adapter:.1f} | {mixed:.0f} |"
             print(row, flush=True)
             rows.append(row)
             llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
@@ -194,16 +194,17 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Command: `{bench_command('weights', argv)}`. Machine: {machine_description()}.",
         "",
-        f"Streaming read: {bandwidth:.1f} GB/s (best of a sum, a max and a matrix-vector product over 1 GiB). "
-        "Floor: that bandwidth over the bytes of the matmul weights (one decode step reads each once). "
+        "Read: the streaming read measured just before each mode's chat (best of a sum, a max and a "
+        "matrix-vector product over 1 GiB). Floor: that bandwidth over the bytes of the matmul weights (one "
+        "decode step reads each once). "
         "Tok/s: a chat's tokens over its whole time, prompt included; decode: the tokens after the first over "
         "their own time (the run's best less the best of its prompt and first token alone). "
         f"{tokens} tokens a chat, greedy, EOS ignored, prefix cache off, best of {repeats}; "
         f"{len(adapter_dirs)} random adapters of rank 16 on all projections.",
         "",
-        "| compute | weights | weight MB | floor tok/s | 1 chat tok/s (of floor) | its decode tok/s (of floor) "
-        "| 1 chat, adapter | 32 chats, 8 adapters |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| compute | weights | weight MB | read GB/s | floor tok/s | 1 chat tok/s (of floor) "
+        "| its decode tok/s (of floor) | 1 chat, adapter | 32 chats, 8 adapters |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
     if peer_rows:

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Command: `{bench_command('weights', argv)}`. Machine: {machine_description()}.",
         "",
-        "Read: the streaming read measured just before each mode's chat (best of a sum, a max and a "
+        "Streaming read: measured just before each mode's chat (read GB/s; best of a sum, a max and a "
         "matrix-vector product over 1 GiB). Floor: that bandwidth over the bytes of the matmul weights (one "
         "decode step reads each once). "
         "Tok/s: a chat's tokens over its whole time, prompt included; decode: the tokens after the first over "

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import add_report_flags, bench_command, cpu_class_suffix, machine_description, write_section
+from benchmarks.report import (
+    add_report_flags,
+    bench_command,
+    cpu_class_suffix,
+    cpu_class_title,
+    machine_description,
+    write_section,
+)
 from loraserve import LLM, SamplingParams
 from loraserve.config import default_cache_dir
 from loraserve.models.default_model import default_model_dir
@@ -149,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             "## Quality of the weights modes (teacher-forced"
             + ("" if args.window is None else f", windows of {args.window} as llama-perplexity scores")
             + ")"
-            + (" (AVX2 only)" if cpu_class_suffix() else ""),
+            + cpu_class_title(),
             "",
             f"Command: `{bench_command('quality', argv)}`. Machine: {machine_description()}.",
             "",

@@ -42,9 +42,18 @@ def cpu_isa() -> str:
 
 
 def cpu_class_suffix() -> str:
-    """The empty string on an AVX-512 CPU, "-avx2" on one without: the suffix of the sections whose
-    figures depend on the CPU class, so a run on one class does not replace the other's."""
-    return "" if "AVX-512" in cpu_isa() else "-avx2"
+    """The suffix of the sections whose figures depend on the CPU class, so a run on one class does not
+    replace another's: none on an AVX-512 CPU, "-avx2" on an AVX2-only one, else "-" and the machine."""
+    isa = cpu_isa()
+    if "AVX-512" in isa:
+        return ""
+    return "-avx2" if "AVX2" in isa else f"-{platform.machine().lower()}"
+
+
+def cpu_class_title() -> str:
+    """What a section's title adds for its CPU class (see cpu_class_suffix)."""
+    suffix = cpu_class_suffix()
+    return "" if not suffix else " (AVX2 only)" if suffix == "-avx2" else f" ({platform.machine()})"
 
 
 def _cpu_name() -> str:

@@ -26,7 +26,14 @@ from benchmarks.offline import run_system
 from benchmarks.peers.envs import LLAMA_CPP
 from benchmarks.peers.job import JobWorkload
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, bench_command, cpu_class_suffix, machine_description, write_section
+from benchmarks.report import (
+    add_report_flags,
+    bench_command,
+    cpu_class_suffix,
+    cpu_class_title,
+    machine_description,
+    write_section,
+)
 from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.models import LoadedModel
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         if peer:
             peer_rows, theirs = llama_cpp_rates(model_dir, adapter_dirs, jobs, repeats, Path(scratch))
     body = [
-        "## Weights: float32, bfloat16 and int8 on the CPU" + (" (AVX2 only)" if cpu_class_suffix() else ""),
+        "## Weights: float32, bfloat16 and int8 on the CPU" + cpu_class_title(),
         "",
         f"Command: `{bench_command('weights', argv)}`. Machine: {machine_description()}.",
         "",

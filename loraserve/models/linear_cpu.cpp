@@ -120,13 +120,14 @@ struct Bf16Tile {
                     int64_t first_output) {
         Floats acc[ROWS][PANELS] = {};
         constexpr int64_t kSteps = 64 / (kLanes * sizeof(BFloat16));  // k steps a cache line of a panel lasts
+        const int64_t panel_elements = spacing * k * kLanes;  // from one of the tile's panels to the next
         for (int64_t h = 0; h < k; h++) {
-            const BFloat16* at = panels + h * kLanes;  // panel j's row h lies j * spacing * k * kLanes further
+            const BFloat16* at = panels + h * kLanes;
             if (h % kSteps == 0)
                 for (int j = 0; j < PANELS; j++)
-                    prefetch_line(reinterpret_cast<const char*>(at + j * spacing * k * kLanes) + kPrefetchAhead);
+                    prefetch_line(reinterpret_cast<const char*>(at + j * panel_elements) + kPrefetchAhead);
             Floats weights[PANELS];
-            for (int j = 0; j < PANELS; j++) weights[j] = load_vector(at + j * spacing * k * kLanes);
+            for (int j = 0; j < PANELS; j++) weights[j] = load_vector(at + j * panel_elements);
             for (int i = 0; i < ROWS; i++) {
                 const Floats broadcast = splat(x[i * k + h]);
                 for (int j = 0; j < PANELS; j++) acc[i][j] += broadcast * weights[j];

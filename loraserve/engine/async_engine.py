@@ -1,9 +1,12 @@
 """The engine for the server: the step loop runs in its own thread, each request gets an async stream.
 
-The event loop never waits on a step: adding runs in a worker thread and takes the
-engine lock between steps; outputs come back through `call_soon_threadsafe`. A stream
-closed early (a client that went away) queues an abort that the engine thread carries
-out before its next step, freeing the request's blocks.
+The event loop never waits on a step: a prompt is tokenized in a worker thread, and whatever
+touches the engine's state (adding a request, an abort, an adapter change, statistics) is queued
+for the engine thread, which runs the queue before each step. So a request added during a flood
+starts at the next step: with a lock instead, the engine thread took it back for step after step
+while the adding threads waited (measured: up to five steps of delay). Outputs come back through
+`call_soon_threadsafe`. A stream closed early (a client that went away) queues an abort, freeing
+the request's blocks.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +28,6 @@ from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
-from loraserve.engine.sequence import Request
 from loraserve.errors import EngineDeadError
 from loraserve.lora.adapter import LoraAdapter
 from loraserve.lora.mix_spec import MixSpec
@@ -36,8 +38,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Threads for adding requests, engine calls between steps and tokenizing prompts: each holds
-# the engine's lock briefly or tokenizes, so a few serve many clients.
+# Threads for tokenizing prompts (and chat templates): a few serve many clients.
 INFERENCE_WORKERS = 4
 
 
@@ -60,10 +61,11 @@ class AsyncLLMEngine:
         self.max_prompt_chars: int = engine.max_prompt_chars
         self.max_mix_parts: int = engine.config.lora.max_mix_parts
         self.on_death = on_death  # called from the engine thread once the loop has stopped for good
-        self._lock = threading.Lock()  # held for each step, add and abort
         self._has_work = threading.Event()
-        self._streams: dict[str, _Stream] = {}
-        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()  # ids whose streams closed early
+        self._streams: dict[str, _Stream] = {}  # the engine thread's alone
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        # Orders queueing a call against the engine stopping, so that no call is left unanswered.
+        self._calls_guard = threading.Lock()
         self._stopping = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="loraserve-engine", daemon=True)
@@ -130,7 +132,8 @@ class AsyncLLMEngine:
         return where, where == "device" and record is not None and record.pinned
 
     def shutdown(self) -> None:
-        self._stopping = True
+        with self._calls_guard:
+            self._stopping = True
         self._has_work.set()
         self._thread.join(timeout=30)
         self._workers.shutdown(wait=False, cancel_futures=True)
@@ -152,7 +155,18 @@ class AsyncLLMEngine:
         add = functools.partial(
             self.engine.add_request, params=params, adapter=adapter, priority=priority, timeout=timeout, tenant=tenant
         )
-        await self.offload(self._add, request_id, prompt, params, stream, add)
+        token_ids = await self.offload(self._prepare, prompt, params)
+        text = prompt if isinstance(prompt, str) else None
+
+        def add_streaming() -> None:
+            add(request_id, token_ids, text=text)
+            self._streams[request_id] = stream
+
+        try:
+            await asyncio.wrap_future(self._between_steps(add_streaming))
+        except asyncio.CancelledError:  # the client left while it was being added
+            self._between_steps(functools.partial(self._abort, request_id))
+            raise
         finished = False
         try:
             while not finished:
@@ -164,67 +178,81 @@ class AsyncLLMEngine:
         finally:
             if not finished:
                 # No await here: a cancelled task (client gone) would be cancelled again at it.
-                self._aborts.put(request_id)
-                self._has_work.set()
+                self._between_steps(functools.partial(self._abort, request_id))
 
     async def call(self, action: Callable[[LLMEngine], T]) -> T:
         """Run `action` on the engine between two steps (adapter changes, pool statistics)."""
-
-        def locked() -> T:
-            keep_serial()  # a worker thread of the event loop: no OpenMP team of its own (openmp.py)
-            with self._lock:
-                return action(self.engine)
-
-        return await self.offload(locked)
+        return await asyncio.wrap_future(self._between_steps(lambda: action(self.engine)))
 
     async def offload(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` on the inference threads: no upload or registry call can take them all."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, function, *args)
 
-    def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._streams.pop(request_id, None)
-            self.engine.abort_request(request_id)
-
-    def _add(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams,
-        stream: _Stream,
-        add: Callable[..., Request],
-    ) -> None:
-        """`add(request_id, token_ids, text=...)` under the lock, with `stream` to receive the outputs."""
-        keep_serial()
-        # Tokenized, and its grammar built (then cached), before taking the lock: the steps must not wait for them.
+    def _prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids, and its grammar built (then cached): off the engine thread, which must not wait
+        for them."""
+        keep_serial()  # a worker thread of the event loop: no OpenMP team of its own (openmp.py)
         token_ids = self.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
         self.engine.compile_grammar(params)
-        text = prompt if isinstance(prompt, str) else None
-        with self._lock:
-            if self._error is not None:
-                raise EngineDeadError(f"the engine stopped: {self._error}")
-            add(request_id, token_ids, text=text)
-            self._streams[request_id] = stream
+        return token_ids
+
+    def _between_steps(self, action: Callable[[], T]) -> Future[T]:
+        """Queue `action` for the engine thread, which runs it before its next step; its result or error comes in
+        the future, EngineDeadError once the engine has stopped."""
+        future: Future[T] = Future()
+        with self._calls_guard:
+            if self._error is not None or self._stopping:
+                reason = f"the engine stopped: {self._error}" if self._error is not None else "the engine shut down"
+                future.set_exception(EngineDeadError(reason))
+                return future
+            self._calls.put((action, future))
         self._has_work.set()
+        return future
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                action, future = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller left before it ran
+            try:
+                future.set_result(action())
+            except BaseException as error:  # the caller's to handle (a bad request, an overload)
+                future.set_exception(error)
+
+    def _abort(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self.engine.abort_request(request_id)
 
     def _run(self) -> None:
+        try:
+            self._step_until_stopped()
+        finally:  # queued calls of a stopped engine are answered, never left waiting
+            with self._calls_guard:
+                self._stopping = True
+            while not self._calls.empty():
+                _, future = self._calls.get_nowait()
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(EngineDeadError(f"the engine stopped: {self._error or 'shut down'}"))
+
+    def _step_until_stopped(self) -> None:
         while not self._stopping:
-            while not self._aborts.empty():
-                self.abort(self._aborts.get())
+            self._run_calls()
             if not self.engine.has_unfinished_requests():
                 self._has_work.wait()
                 self._has_work.clear()
                 continue
             try:
-                with self._lock:
-                    outputs = self.engine.step()
-                    deliveries = [(self._streams.get(o.request_id), o) for o in outputs]
-                    for output in outputs:
-                        if output.finished:
-                            self._streams.pop(output.request_id, None)
+                outputs = self.engine.step()
+                deliveries = [(self._streams.get(o.request_id), o) for o in outputs]
+                for output in outputs:
+                    if output.finished:
+                        self._streams.pop(output.request_id, None)
             except Exception as error:  # not one request's fault (step_isolation.py): the device's state is lost
                 logger.critical("the engine stopped: %r", error, exc_info=error)
-                with self._lock:  # no request is added after this without seeing the error (`_add`)
+                with self._calls_guard:  # no call is queued after this without seeing the error (`_between_steps`)
                     self._error = error
                 for waiting in self._streams.values():
                     waiting.loop.call_soon_threadsafe(waiting.queue.put_nowait, error)

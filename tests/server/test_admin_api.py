@@ -33,7 +33,10 @@ PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 def upload(server, name: str, files: list[tuple[str, bytes]], headers=ADMIN, **fields: str) -> httpx.Response:
     parts = [("files", (filename, data)) for filename, data in files]
-    return httpx.post(f"{server.url}/admin/adapters", data={"name": name, **fields}, files=parts, headers=headers)
+    # An upload is checked in a child process (adapter_sandbox.py): on a loaded 2-core machine, past httpx's 5 s.
+    return httpx.post(
+        f"{server.url}/admin/adapters", data={"name": name, **fields}, files=parts, headers=headers, timeout=60
+    )
 
 
 def peft_files(directory: Path) -> list[tuple[str, bytes]]:

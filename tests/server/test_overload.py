@@ -74,8 +74,11 @@ def record_batch_sizes(scheduler, monkeypatch) -> list[tuple[int, int, int]]:
 
 
 def test_past_capacity_refusals_are_quick_503s_and_the_admitted_meet_the_ttft(slo_server, monkeypatch):
-    warm = asyncio.run(burst(slo_server.url, 8))  # steps of several batch sizes teach the costs
-    assert all(result["status"] == 200 for result in warm)
+    # Steps of several batch sizes teach the costs. On a slow machine 8 at once may be past capacity already:
+    # those refused must be refused as overloaded, and some must be served.
+    warm = asyncio.run(burst(slo_server.url, 8))
+    assert any(result["status"] == 200 for result in warm), warm
+    assert all(result["status"] == 200 or "overloaded" in str(result["body"]) for result in warm), warm
     wait_until_idle(slo_server.engine)
     cap = int(gauge(httpx.get(f"{slo_server.url}/metrics").text, "running_cap"))
     assert 1 <= cap <= SchedulerConfig.max_num_seqs

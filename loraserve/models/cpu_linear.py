@@ -39,6 +39,7 @@ class PackedBfloat16:
     packed: torch.Tensor  # bfloat16, flat
     out_features: int
     in_features: int
+    rows_dtype: torch.dtype  # the rows it meets: bfloat16 rows may take panels of their own (dot products)
 
     @property
     def nbytes(self) -> int:
@@ -95,14 +96,20 @@ class NarrowMatmul:
     """x @ W^T for one weight held narrow: what a Linear calls instead of F.linear."""
 
     def __init__(
-        self, kernel: LinearKernel, weight: torch.Tensor, weights: str, packed: PackedInt8 | None = None
+        self,
+        kernel: LinearKernel,
+        weight: torch.Tensor,
+        weights: str,
+        rows_dtype: torch.dtype,
+        packed: PackedInt8 | None = None,
     ) -> None:
-        """`weight` held as `weights` ("bfloat16" or "int8"); `packed`: its int8 panels made before."""
+        """`weight` held as `weights` ("bfloat16" or "int8") for rows of `rows_dtype`; `packed`: its int8 panels
+        made before."""
         self.kernel = kernel
         self.int8 = None
         if weights == "int8":
             self.int8 = packed if packed is not None else kernel.pack_int8(quantize_int8(weight))
-        self.bfloat16 = kernel.pack_bfloat16(weight) if self.int8 is None else None
+        self.bfloat16 = kernel.pack_bfloat16(weight, rows_dtype) if self.int8 is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -132,10 +139,12 @@ class LinearKernel:
                 self._functions[(weights, dtype)] = function
         library.int8_path.restype = ctypes.c_char_p
         self.int8_path: str = library.int8_path().decode()  # which instructions do the int8 dot products
+        # bfloat16 rows take bfloat16 dot products (AVX512-BF16), in panels of their own.
+        self.bfloat16_dot_products = bool(library.bf16_dot_products())
         self._packed_elements = library.bf16_packed_elements
-        self._packed_elements.restype, self._packed_elements.argtypes = ctypes.c_int64, [_I, _I]
+        self._packed_elements.restype, self._packed_elements.argtypes = ctypes.c_int64, [_I, _I, _THREADS]
         self._pack = library.bf16_pack
-        self._pack.restype, self._pack.argtypes = None, [_P, _I, _I, _P]
+        self._pack.restype, self._pack.argtypes = None, [_P, _I, _I, _P, _THREADS]
         self._int8_outputs = library.int8_packed_outputs
         self._int8_outputs.restype, self._int8_outputs.argtypes = ctypes.c_int64, [_I]
         self._pack_int8 = library.int8_pack
@@ -145,17 +154,20 @@ class LinearKernel:
         """The address of the matmul for `weights` ("bfloat16" or "int8") and `dtype` rows."""
         return entry_point(self._functions[("bf16" if weights == "bfloat16" else weights, dtype)])
 
-    def pack_bfloat16(self, weight: torch.Tensor) -> PackedBfloat16:
-        """`weight` [N, K] rounded to bfloat16 and laid out as the kernel reads it."""
+    def pack_bfloat16(self, weight: torch.Tensor, rows_dtype: torch.dtype) -> PackedBfloat16:
+        """`weight` [N, K] rounded to bfloat16 and laid out as the kernel reads it with rows of `rows_dtype`."""
         weight = weight.to(torch.bfloat16).contiguous()
         rows, in_features = weight.shape
-        packed = weight.new_empty(self._packed_elements(rows, in_features))
-        self._pack(weight.data_ptr(), rows, in_features, packed.data_ptr())
-        return PackedBfloat16(packed, rows, in_features)
+        bf16_rows = int(rows_dtype == torch.bfloat16)
+        packed = weight.new_empty(self._packed_elements(rows, in_features, bf16_rows))
+        self._pack(weight.data_ptr(), rows, in_features, packed.data_ptr(), bf16_rows)
+        return PackedBfloat16(packed, rows, in_features, rows_dtype)
 
     def bfloat16_weights(self, x: torch.Tensor, weight: PackedBfloat16) -> torch.Tensor:
-        """x @ W^T for float32 or bfloat16 rows x and a packed bfloat16 weight W."""
+        """x @ W^T for rows x of the dtype the bfloat16 weight W was packed for."""
         _check(x, weight.in_features)
+        if x.dtype != weight.rows_dtype:
+            raise ValueError(f"the weight was packed for {weight.rows_dtype} rows, got {x.dtype}")
         y = x.new_empty(x.shape[0], weight.out_features)
         self._functions[("bf16", x.dtype)](
             x.data_ptr(), x.shape[0], x.shape[1], weight.packed.data_ptr(), weight.out_features, y.data_ptr(),

@@ -15,12 +15,20 @@ _NATIVE_BF16_CPU_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 def cpu_has_native_bf16() -> bool:
     """True when the CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX)."""
+    return not _NATIVE_BF16_CPU_FLAGS.isdisjoint(_cpu_flags())
+
+
+def cpu_has_amx() -> bool:
+    """True when the CPU has AMX tiles for bfloat16 matmuls (oneDNN uses them)."""
+    return "amx_bf16" in _cpu_flags()
+
+
+def _cpu_flags() -> list[str]:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return not _NATIVE_BF16_CPU_FLAGS.isdisjoint(flags)
+        return []
+    return next((line.split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -1,7 +1,8 @@
-"""A linear layer whose weight can be pre-packed for oneDNN on the CPU, or held narrower than the activations
-(bfloat16 or int8 blocks, cpu_linear.py).
+"""A linear layer whose weight is held by our CPU kernel (bfloat16 or int8 panels, cpu_linear.py), pre-packed for
+oneDNN, or plain.
 
-Measured here (2 cores with AVX512-BF16/AMX): a bfloat16 decode matmul with the weight reordered once into oneDNN's
+bfloat16 weights with bfloat16 compute go to our kernel where it has bfloat16 dot products (loader.py). Elsewhere
+(AMX, or no compiler) oneDNN takes them: a bfloat16 decode matmul with the weight reordered once into oneDNN's
 blocked layout runs about 2x faster than `F.linear` (weights stream from memory every step, and the packed layout
 streams better), with bit-identical results. float32 stays on `F.linear`: packing changes its rounding, and float32
 is the mode that must match transformers token for token.

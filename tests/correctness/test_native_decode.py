@@ -1,7 +1,8 @@
 """A decode step in one native call (models/cpu_decode_step.py) gives the layer-by-layer step's
 results bit for bit: the same tokens and the same log-probs, over a batch mixing adapters and
-the base model, for every weights mode it serves, in the build for this CPU and the AVX2 one;
-with q/k/v biases; and a step it cannot serve (a DoRA adapter's row) runs layer by layer."""
+the base model, for every weights mode it serves (bfloat16 compute and weights where the kernel
+has bfloat16 dot products), in the build for this CPU and the AVX2 one; with q/k/v biases; and a
+step it cannot serve (a DoRA adapter's row) runs layer by layer."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from loraserve import LLM, SamplingParams
+from loraserve.models.dtypes import cpu_has_amx, cpu_has_native_bf16
 from loraserve.resources import SAMPLE_ADAPTERS
 from sgmv_kernels.build import MARCH_VARIABLE
 from tests.conftest import CHAT_PROMPTS
@@ -56,7 +58,10 @@ def tokens_and_logprobs(outputs) -> list:
 @pytest.mark.parametrize(
     "dtype, weights, march",
     [("float32", "int8", m) for m in MARCHES] + [("float32", "bfloat16", m) for m in MARCHES]
-    + [("bfloat16", "int8", "native")],
+    + [("bfloat16", "int8", "native")]
+    + [pytest.param("bfloat16", "bfloat16", "native", marks=pytest.mark.skipif(
+        not cpu_has_native_bf16() or cpu_has_amx(), reason="bfloat16 weights go to our kernel with AVX512-BF16, no AMX"
+    ))],
 )  # fmt: skip
 def test_native_step_gives_the_layered_steps_bits_over_mixed_adapters(dtype, weights, march, monkeypatch):
     monkeypatch.setenv(MARCH_VARIABLE, march)

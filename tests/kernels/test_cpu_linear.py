@@ -59,16 +59,17 @@ def int8_reference(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
 def test_bfloat16_weights_give_the_float32_sums_of_their_products(kernel, in_features, out_features):
     generator = torch.Generator().manual_seed(in_features)
     w = torch.randn(out_features, in_features, generator=generator).bfloat16()
-    packed = kernel.pack_bfloat16(w)
+    packed, packed16 = kernel.pack_bfloat16(w, torch.float32), kernel.pack_bfloat16(w, torch.bfloat16)
     x_all = torch.randn(max(ROWS), in_features, generator=generator)
     for rows in ROWS:
         x = x_all[:rows]
         reference = x.double() @ w.double().T
         error = (kernel.bfloat16_weights(x, packed).double() - reference).abs()
         assert (error <= accumulation_bound(x, w)).all(), (rows, error.max())
-        # bfloat16 activations: widened, summed alike, the result rounded once to bfloat16
+        # bfloat16 activations: widened (or multiplied in bfloat16 dot products, whose products are exact),
+        # summed alike, the result rounded once to bfloat16
         x16 = x.bfloat16()
-        y16 = kernel.bfloat16_weights(x16, packed)
+        y16 = kernel.bfloat16_weights(x16, packed16)
         assert y16.dtype == torch.bfloat16
         reference16 = x16.double() @ w.double().T
         bound16 = accumulation_bound(x16, w) + reference16.abs() * 2.0**-8
@@ -129,10 +130,22 @@ def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel):
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(48, 96, generator=generator)
     x = torch.randn(300, 96, generator=generator)
-    int8 = NarrowMatmul(kernel, weight, "int8")
+    int8 = NarrowMatmul(kernel, weight, "int8", torch.float32)
     reference = int8_reference(x, quantize_int8(weight))
     assert ((int8(x).double() - reference).abs() <= 1e-4 * reference.abs().max()).all()
-    bfloat16 = NarrowMatmul(kernel, weight, "bfloat16")
+    bfloat16 = NarrowMatmul(kernel, weight, "bfloat16", torch.float32)
     assert bfloat16.nbytes == 48 * 96 * 2  # half of float32's (48 outputs fill whole panels of 8 or 16)
     error = (bfloat16(x).double() - x.double() @ weight.bfloat16().double().T).abs()
     assert (error <= accumulation_bound(x, weight.bfloat16())).all()
+
+
+def test_a_weight_packed_for_one_dtype_of_rows_refuses_the_other(kernel):
+    weight = torch.randn(16, 32)
+    packed = kernel.pack_bfloat16(weight, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"packed for torch\.bfloat16 rows"):
+        kernel.bfloat16_weights(torch.randn(2, 32), packed)
+    if kernel.bfloat16_dot_products:  # pairs along K: an odd K's last pair is padded with a zero
+        assert (
+            packed.packed.numel() == 16 * 32
+            and kernel.pack_bfloat16(torch.randn(16, 33), torch.bfloat16).packed.numel() == 16 * 34
+        )

@@ -106,7 +106,7 @@ class AsyncLLMEngine:
         self.engine.adapters.describe(name, served_as)
 
     async def mix_adapters(self, spec: MixSpec) -> str:
-        """The adapter name serving this mix; made off the engine's lock, registered between two steps."""
+        """The adapter name serving this mix; made off the engine thread, registered between two steps."""
         loop = asyncio.get_running_loop()
         prepared = await loop.run_in_executor(self._mixer, self.engine.mixes.prepare, spec)
         await self.call(lambda engine: engine.mixes.serve(prepared))

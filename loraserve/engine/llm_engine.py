@@ -98,7 +98,7 @@ class LLMEngine:
 
         Files not trusted yet (uploads) are parsed in a child process first (adapter_sandbox.py). A DoRA
         adapter comes with its scale vectors (lora/dora.py).
-        Touches no engine state: call it from any thread, without the engine's lock.
+        Touches no engine state: any thread may call it, beside a running step.
         """
         path, spec, max_rank = Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank
         max_value = largest_finite(self.loaded.dtype)

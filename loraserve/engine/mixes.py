@@ -1,7 +1,7 @@
 """Per-request adapter mixes (merged_adapters) as adapters of their own.
 
 A mix is named by its content hash (its spec and its parts' content hashes, lora/merge.py), so the
-same mix asked for twice is one adapter: materialised on its first request (off the engine's lock),
+same mix asked for twice is one adapter: materialised on its first request (off the engine thread),
 kept in the host cache and swapped into slots like any adapter, its prefix-cache key that hash. Its
 source is the spec and the parts' sources, so an evicted mix is made again from them. At most
 `max_mixes` stay registered: beyond it the least recently asked-for idle ones are retired, and a

@@ -101,7 +101,7 @@ class AdapterCatalog:
         """Validate the PEFT directory against the base model, store it, serve it. All or nothing."""
         if name == self.base_model:
             raise AdapterError("name", f"{name!r} is the base model's id")
-        # Out of this process and off the engine's lock: a hostile file stalls no request (adapter_sandbox.py).
+        # Out of this process and off the engine thread: a hostile file stalls no request (adapter_sandbox.py).
         adapter = await asyncio.to_thread(self.engine.read_adapter, source_dir, False)
         crash_point("upload.validated")
 

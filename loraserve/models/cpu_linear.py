@@ -29,7 +29,7 @@ from sgmv_kernels.build import entry_point, load_library
 SOURCE = Path(__file__).with_name("linear_cpu.cpp")
 BLOCK = 32  # int8 weights: elements one scale and minimum cover
 _ACTIVATIONS = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-_P, _I, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_P, _I, _THREADS, _FLAG = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int
 
 
 @dataclass(frozen=True)
@@ -142,9 +142,9 @@ class LinearKernel:
         # bfloat16 rows take bfloat16 dot products (AVX512-BF16), in panels of their own.
         self.bfloat16_dot_products = bool(library.bf16_dot_products())
         self._packed_elements = library.bf16_packed_elements
-        self._packed_elements.restype, self._packed_elements.argtypes = ctypes.c_int64, [_I, _I, _THREADS]
+        self._packed_elements.restype, self._packed_elements.argtypes = ctypes.c_int64, [_I, _I, _FLAG]
         self._pack = library.bf16_pack
-        self._pack.restype, self._pack.argtypes = None, [_P, _I, _I, _P, _THREADS]
+        self._pack.restype, self._pack.argtypes = None, [_P, _I, _I, _P, _FLAG]
         self._int8_outputs = library.int8_packed_outputs
         self._int8_outputs.restype, self._int8_outputs.argtypes = ctypes.c_int64, [_I]
         self._pack_int8 = library.int8_pack

@@ -73,6 +73,19 @@ inline void store_panel(const float* sums, int lanes, Y* y, int64_t n, int64_t f
     }
 }
 
+// Stores a bfloat16-weights tile's sums (float32 vectors of kLanes): row i's panel j, whose panels
+// lie `spacing` apart, into y[i * n + first_output + j * spacing * kLanes...].
+template <int ROWS, int PANELS, typename Sums, typename Y>
+inline void store_tile(const Sums (&acc)[ROWS][PANELS], Y* y, int64_t n, int64_t first_output, int64_t spacing) {
+    static_assert(sizeof(Sums) == kLanes * sizeof(float));
+    for (int i = 0; i < ROWS; i++)
+        for (int j = 0; j < PANELS; j++) {
+            float sums[kLanes];
+            std::memcpy(sums, &acc[i][j], sizeof sums);
+            store_panel(sums, kLanes, y + i * n, n, first_output + j * spacing * kLanes);
+        }
+}
+
 // Runs tile(rows, panels, first row, first panel, spacing) over all `rows` x `panel_total`
 // panels: each thread takes a contiguous share of the panels, and a tile `group` of them
 // `spacing` panels apart, so that its panels are read as `group` long streams through the share
@@ -137,12 +150,7 @@ struct Bf16Tile {
                 for (int j = 0; j < PANELS; j++) acc[i][j] += broadcast * weights[j];
             }
         }
-        for (int i = 0; i < ROWS; i++)
-            for (int j = 0; j < PANELS; j++) {
-                float sums[kLanes];
-                std::memcpy(sums, &acc[i][j], sizeof sums);
-                store_panel(sums, kLanes, y + i * n, n, first_output + j * spacing * kLanes);
-            }
+        store_tile(acc, y, n, first_output, spacing);
     }
 };
 
@@ -206,12 +214,7 @@ struct Bf16DotTile {
                 for (int j = 0; j < PANELS; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], broadcast, weights[j]);
             }
         }
-        for (int i = 0; i < ROWS; i++)
-            for (int j = 0; j < PANELS; j++) {
-                float sums[kLanes];
-                _mm512_storeu_ps(sums, acc[i][j]);
-                store_panel(sums, kLanes, y + i * n, n, first_output + j * spacing * kLanes);
-            }
+        store_tile(acc, y, n, first_output, spacing);
     }
 };
 

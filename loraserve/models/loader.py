@@ -60,7 +60,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         _random_weights(model)
     else:
         _load_weights(model, model_dir)
-    if weights != dtype_name(dtype) or (config.device == "cpu" and dtype == torch.bfloat16 and not cpu_has_amx()):
+    if weights != dtype_name(dtype) or (config.device == "cpu" and dtype == torch.bfloat16):
         weights = _hold_narrow(model, weights, config, model_dir, name)
     model.pack_weights()
     logger.info("%s: %s compute, %s weights", name, dtype_name(dtype), weights)
@@ -87,8 +87,9 @@ def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig, mod
     a decode step's matmuls: one row 2x faster than oneDNN's, 32 rows as fast. With AMX, oneDNN's
     tiles are left the work (not measured here)."""
     kernel = load_linear_kernel(config.cache_dir / "kernels")
-    if weights == dtype_name(model.dtype) and (kernel is None or not kernel.bfloat16_dot_products):
-        return weights
+    dot_products = kernel is not None and kernel.bfloat16_dot_products and not cpu_has_amx()
+    if weights == dtype_name(model.dtype) and not dot_products:
+        return weights  # oneDNN packs them
     if kernel is None:
         if config.weights == weights:
             raise ModelLoadError(f"--weights {weights} needs the CPU matmul kernel, which could not be built")

@@ -25,12 +25,12 @@ from benchmarks.report import (
     cpu_class_suffix,
     cpu_class_title,
     machine_description,
+    weights_modes,
     write_section,
 )
 from loraserve import LLM, SamplingParams
 from loraserve.config import default_cache_dir
 from loraserve.models.default_model import default_model_dir
-from loraserve.models.dtypes import cpu_has_native_bf16
 from loraserve.resources import SAMPLE_ADAPTERS
 
 TEXT = Path(__file__).with_name("data") / "quality_text.txt"
@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
-    modes = args.modes or ["float32:float32", "float32:bfloat16", "float32:int8"]
-    if args.modes is None and cpu_has_native_bf16():
-        modes += ["bfloat16:bfloat16", "bfloat16:int8"]
+    modes = args.modes or weights_modes()
     adapters: list[str | None] = [None] if args.quick else [None, *ADAPTERS]
     limit = 256 if args.quick else None
     rows, scored = [], 0

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from loraserve.config import DTYPES, ModelConfig
-from loraserve.models.dtypes import cpu_has_native_bf16
+from loraserve.models.dtypes import cpu_has_bf16_dot_products, cpu_has_native_bf16
 
 
 def machine_description(device: str = "cpu") -> str:
@@ -26,6 +26,16 @@ def machine_description(device: str = "cpu") -> str:
     bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
     threads = torch.get_num_threads()
     return f"{_cpu_name()}, {os.cpu_count()} cores ({cpu_isa()}; {bf16}), torch {torch.__version__}, {threads} threads"
+
+
+def weights_modes() -> list[str]:
+    """The compute:weights pairs this CPU runs, for the benchmarks that compare them."""
+    modes = ["float32:float32", "float32:bfloat16", "float32:int8"]
+    if cpu_has_bf16_dot_products():
+        modes.append("float32:bfloat16-dot")
+    if cpu_has_native_bf16():
+        modes += ["bfloat16:bfloat16", "bfloat16:int8"]
+    return modes
 
 
 _ISA_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16", "avx512_vnni": "AVX512-VNNI",

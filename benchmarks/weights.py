@@ -32,13 +32,13 @@ from benchmarks.report import (
     cpu_class_suffix,
     cpu_class_title,
     machine_description,
+    weights_modes,
     write_section,
 )
 from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.models import LoadedModel
 from loraserve.models.cpu_linear import NarrowMatmul
-from loraserve.models.dtypes import cpu_has_native_bf16
 from loraserve.models.linear import Linear
 from loraserve.models.loader import load_model
 
@@ -142,13 +142,14 @@ def llama_cpp_rates(
 
 
 def ratio_rows(ours: dict[str, Rates], theirs: dict[str, Rates]) -> list[str]:
-    """Our rates over llama.cpp's, for each of our float32-compute modes and its type of the same bytes."""
+    """Our rates over llama.cpp's, for each of our float32-compute modes and each type of the same bytes."""
     rows = []
-    for outtype, weights in LLAMA_CPP_TYPES.items():
-        mode = f"float32:{weights}"
-        if mode in ours and outtype in theirs:
-            ratios = " | ".join(f"{a / b:.2f}x" for a, b in zip(ours[mode], theirs[outtype], strict=True))
-            rows.append(f"| {mode} / {outtype} | {ratios} |")
+    for mode, rates in ours.items():
+        compute, weights = mode.split(":")
+        for outtype, their_weights in LLAMA_CPP_TYPES.items():
+            if compute == "float32" and weights.removesuffix("-dot") == their_weights and outtype in theirs:
+                ratios = " | ".join(f"{a / b:.2f}x" for a, b in zip(rates, theirs[outtype], strict=True))
+                rows.append(f"| {mode} / {outtype} | {ratios} |")
     return rows
 
 
@@ -163,9 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
-    modes = args.modes or ["float32:float32", "float32:bfloat16", "float32:int8"]
-    if args.modes is None and cpu_has_native_bf16():
-        modes += ["bfloat16:bfloat16", "bfloat16:int8"]
+    modes = args.modes or weights_modes()
     tokens, repeats = (8, 1) if args.quick else (args.tokens, args.repeats)
     peer = (args.peer or ("none" if args.quick else "llama.cpp")) == "llama.cpp"
     rows, peer_rows, ours, theirs = [], [], {}, {}

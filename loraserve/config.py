@@ -23,7 +23,7 @@ MAX_STOP_STRINGS = 32
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-WEIGHTS = ("auto", "float32", "bfloat16", "int8")
+WEIGHTS = ("auto", "float32", "bfloat16", "bfloat16-dot", "int8")
 DEVICES = ("cpu", "cuda")
 
 
@@ -75,12 +75,15 @@ class ModelConfig(Settings):
 
     model: str | None = setting(None, "HF safetensors directory (default: the embedded model)", env="LORASERVE_MODEL")
     dtype: str = setting(
-        "auto", "auto = bfloat16 where the hardware has it natively, else float32", choices=DTYPES,
+        "auto", "auto = bfloat16 on CUDA or a CPU with AMX, else float32 (with 16-bit weights: --weights)",
+        choices=DTYPES,
         env="LORASERVE_DTYPE",
     )  # fmt: skip
     weights: str = setting(
         "auto", "how the base model's matmul weights are held: auto = bfloat16 on a CPU computing in float32 "
-        "(--dtype auto without native bf16), else as --dtype; int8 = a byte a weight, a scale and minimum a block "
+        "(--dtype auto without AMX), bfloat16-dot there where the CPU has AVX512-BF16, else as --dtype; "
+        "bfloat16-dot = bfloat16 weights multiplied by bfloat16 dot products, each matmul's float32 input rounded "
+        "to bfloat16 as it is read (CPU with AVX512-BF16); int8 = a byte a weight, a scale and minimum a block "
         "of 32 (CPU; quantized once, cached beside the model)",
         choices=WEIGHTS, env="LORASERVE_WEIGHTS",
     )  # fmt: skip

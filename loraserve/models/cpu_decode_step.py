@@ -160,11 +160,11 @@ def plan_decode_step(
     library = load_library(SOURCE, cache_dir, "decode steps run layer by layer")
     if library is None:
         return None
-    linear = narrow[0].kernel  # type: ignore[union-attr]
+    linear, weights = narrow[0].kernel, narrow[0].weights  # type: ignore[union-attr]
     kernels = _Kernels(
         layer_ops.entry_point("add_rms_norm", dtype), layer_ops.entry_point("silu_mul", dtype),
         layer_ops.entry_point("rotary_store_kv", dtype), attention.entry_point(dtype), lora.entry_point(dtype),
-        linear.entry_point("bfloat16", dtype), linear.entry_point("int8", dtype),
+        linear.entry_point("bfloat16" if weights == "int8" else weights, dtype), linear.entry_point("int8", dtype),
     )  # fmt: skip
     keep: list[object] = []  # every table a plan points into, alive as long as the plan
     layers = []

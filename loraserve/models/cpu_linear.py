@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from loraserve.models.dtypes import BFLOAT16_DOT
 from sgmv_kernels.build import entry_point, load_library
 
 SOURCE = Path(__file__).with_name("linear_cpu.cpp")
@@ -39,7 +40,7 @@ class PackedBfloat16:
     packed: torch.Tensor  # bfloat16, flat
     out_features: int
     in_features: int
-    rows_dtype: torch.dtype  # the rows it meets: bfloat16 rows may take panels of their own (dot products)
+    dot_products: bool  # panels of pairs for bfloat16 dot products (rows read as bfloat16), else widened to float32
 
     @property
     def nbytes(self) -> int:
@@ -103,13 +104,15 @@ class NarrowMatmul:
         rows_dtype: torch.dtype,
         packed: PackedInt8 | None = None,
     ) -> None:
-        """`weight` held as `weights` ("bfloat16" or "int8") for rows of `rows_dtype`; `packed`: its int8 panels
-        made before."""
+        """`weight` held as `weights` ("bfloat16", "bfloat16-dot" or "int8") for rows of `rows_dtype`; `packed`: its
+        int8 panels made before."""
         self.kernel = kernel
+        self.weights = weights
         self.int8 = None
         if weights == "int8":
             self.int8 = packed if packed is not None else kernel.pack_int8(quantize_int8(weight))
-        self.bfloat16 = kernel.pack_bfloat16(weight, rows_dtype) if self.int8 is None else None
+        dot_products = weights == BFLOAT16_DOT or (rows_dtype == torch.bfloat16 and kernel.bfloat16_dot_products)
+        self.bfloat16 = kernel.pack_bfloat16(weight, dot_products) if self.int8 is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -129,18 +132,17 @@ class LinearKernel:
     def __init__(self, library: ctypes.CDLL) -> None:
         self.build = Path(library._name).name  # hashes the source, flags and CPU: the panels' layout
         self._functions: dict[tuple[str, torch.dtype], Callable[..., None]] = {}
-        for weights, argtypes in (
-            ("bf16", [_P, _I, _I, _P, _I, _P, _THREADS]),
-            ("int8", [_P, _I, _I, _P, _P, _P, _I, _P, _THREADS]),
-        ):
-            for dtype, suffix in _ACTIVATIONS.items():
-                function = getattr(library, f"linear_{weights}_{suffix}")
-                function.restype, function.argtypes = None, argtypes
-                self._functions[(weights, dtype)] = function
+        # bfloat16 rows take bfloat16 dot products (AVX512-BF16), in panels of their own; float32 rows may.
+        self.bfloat16_dot_products = bool(library.bf16_dot_products())
+        bf16_arguments = [_P, _I, _I, _P, _I, _P, _THREADS]
+        matmuls = [(weights, dtype) for weights in ("bf16", "int8") for dtype in _ACTIVATIONS]
+        for weights, dtype in matmuls + ([("bf16_dot", torch.float32)] if self.bfloat16_dot_products else []):
+            function = getattr(library, f"linear_{weights}_{_ACTIVATIONS[dtype]}")
+            function.restype = None
+            function.argtypes = [_P, _I, _I, _P, _P, _P, _I, _P, _THREADS] if weights == "int8" else bf16_arguments
+            self._functions[(weights, dtype)] = function
         library.int8_path.restype = ctypes.c_char_p
         self.int8_path: str = library.int8_path().decode()  # which instructions do the int8 dot products
-        # bfloat16 rows take bfloat16 dot products (AVX512-BF16), in panels of their own.
-        self.bfloat16_dot_products = bool(library.bf16_dot_products())
         self._packed_elements = library.bf16_packed_elements
         self._packed_elements.restype, self._packed_elements.argtypes = ctypes.c_int64, [_I, _I, _FLAG]
         self._pack = library.bf16_pack
@@ -151,25 +153,31 @@ class LinearKernel:
         self._pack_int8.restype, self._pack_int8.argtypes = None, [_P, _P, _P, _I, _I, _P, _P, _P]
 
     def entry_point(self, weights: str, dtype: torch.dtype) -> int:
-        """The address of the matmul for `weights` ("bfloat16" or "int8") and `dtype` rows."""
-        return entry_point(self._functions[("bf16" if weights == "bfloat16" else weights, dtype)])
+        """The address of the matmul for `weights` ("bfloat16", "bfloat16-dot" or "int8") and `dtype` rows."""
+        key = ("int8", dtype) if weights == "int8" else self._bfloat16_matmul(dtype, weights == BFLOAT16_DOT)
+        return entry_point(self._functions[key])
 
-    def pack_bfloat16(self, weight: torch.Tensor, rows_dtype: torch.dtype) -> PackedBfloat16:
-        """`weight` [N, K] rounded to bfloat16 and laid out as the kernel reads it with rows of `rows_dtype`."""
+    def _bfloat16_matmul(self, dtype: torch.dtype, dot_products: bool) -> tuple[str, torch.dtype]:
+        return ("bf16_dot" if dot_products and dtype == torch.float32 else "bf16", dtype)
+
+    def pack_bfloat16(self, weight: torch.Tensor, dot_products: bool) -> PackedBfloat16:
+        """`weight` [N, K] rounded to bfloat16 and laid out for the kernel's bfloat16 dot products (the panels
+        bfloat16 rows need where the build has them) or for widening to float32."""
+        if dot_products and not self.bfloat16_dot_products:
+            raise ValueError("this build of the kernel has no bfloat16 dot products (AVX512-BF16)")
         weight = weight.to(torch.bfloat16).contiguous()
         rows, in_features = weight.shape
-        bf16_rows = int(rows_dtype == torch.bfloat16)
-        packed = weight.new_empty(self._packed_elements(rows, in_features, bf16_rows))
-        self._pack(weight.data_ptr(), rows, in_features, packed.data_ptr(), bf16_rows)
-        return PackedBfloat16(packed, rows, in_features, rows_dtype)
+        packed = weight.new_empty(self._packed_elements(rows, in_features, int(dot_products)))
+        self._pack(weight.data_ptr(), rows, in_features, packed.data_ptr(), int(dot_products))
+        return PackedBfloat16(packed, rows, in_features, dot_products)
 
     def bfloat16_weights(self, x: torch.Tensor, weight: PackedBfloat16) -> torch.Tensor:
-        """x @ W^T for rows x of the dtype the bfloat16 weight W was packed for."""
+        """x @ W^T, by dot products of x rounded to bfloat16 where W's panels are for them, else W widened."""
         _check(x, weight.in_features)
-        if x.dtype != weight.rows_dtype:
-            raise ValueError(f"the weight was packed for {weight.rows_dtype} rows, got {x.dtype}")
+        if x.dtype == torch.bfloat16 and self.bfloat16_dot_products and not weight.dot_products:
+            raise ValueError("bfloat16 rows take bfloat16 dot products here: pack the weight for them")
         y = x.new_empty(x.shape[0], weight.out_features)
-        self._functions[("bf16", x.dtype)](
+        self._functions[self._bfloat16_matmul(x.dtype, weight.dot_products)](
             x.data_ptr(), x.shape[0], x.shape[1], weight.packed.data_ptr(), weight.out_features, y.data_ptr(),
             _threads(),
         )  # fmt: skip

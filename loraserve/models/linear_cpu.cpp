@@ -9,6 +9,8 @@
 //   (AVX512-BF16) are not widened: vdpbf16ps multiplies a pair of both along K in each lane and
 //   adds the two products to its float32 sum, twice the products of an FMA a cycle (a 32-row
 //   decode step of the default model: 1.7x faster than widening on a Zen 4, as fast as oneDNN).
+//   float32 rows take them too where asked (--weights bfloat16-dot): rounded to bfloat16 as read,
+//   sums and outputs float32.
 //   int8 weights: blocks of 32 along K, each byte q in 0..255 standing for scale * q + min
 //   (float16 scale and min: llama.cpp's Q4_1 at 8 bits). x is quantized per call to int16 blocks
 //   of 32 (scale absmax / 32639, float32), and each block's dot product is an integer one
@@ -175,7 +177,9 @@ void pack_bf16(const BFloat16* w, int64_t n, int64_t k, BFloat16* packed) {
             }
 }
 
-// ---- bfloat16 rows and weights with dot products (AVX512-BF16): panels [n / 16][k / 2][16][2] ----
+// ---- bfloat16 dot products (AVX512-BF16): panels [n / 16][k / 2][16][2] ----------------------
+// For bfloat16 rows, and for float32 rows asked to round to bfloat16 as they are read (sums and
+// outputs stay float32).
 
 #if defined(__AVX512BF16__)
 #define BF16_DOT 1
@@ -183,21 +187,36 @@ void pack_bf16(const BFloat16* w, int64_t n, int64_t k, BFloat16* packed) {
 int64_t bf16_pairs(int64_t k) { return (k + 1) / 2; }  // an odd K's last pair has a zero
 typedef uint32_t Pair __attribute__((may_alias));  // two bfloat16 read as one word
 
-// x's rows as pairs along K, one 32-bit word each, bf16_pairs(k) a row: x itself where K is even.
-inline const Pair* pair_rows(const BFloat16* x, int64_t rows, int64_t k, std::vector<uint32_t>& scratch) {
+// x's rows as pairs along K, one 32-bit word each, bf16_pairs(k) a row: x itself where it is
+// bfloat16 and K is even, else rounded to bfloat16 (nearest even, as torch rounds) into `scratch`.
+inline const Pair* pair_rows(const BFloat16* x, int64_t rows, int64_t k, std::vector<BFloat16>& scratch) {
     if (k % 2 == 0) return reinterpret_cast<const Pair*>(x);
-    const int64_t pairs = bf16_pairs(k);
-    scratch.assign(rows * pairs, 0);
-    for (int64_t row = 0; row < rows; row++) std::memcpy(&scratch[row * pairs], x + row * k, k * sizeof(BFloat16));
-    return scratch.data();
+    const int64_t row_elements = 2 * bf16_pairs(k);
+    scratch.assign(rows * row_elements, BFloat16{0});
+    for (int64_t row = 0; row < rows; row++)
+        std::memcpy(&scratch[row * row_elements], x + row * k, k * sizeof(BFloat16));
+    return reinterpret_cast<const Pair*>(scratch.data());
+}
+inline const Pair* pair_rows(const float* x, int64_t rows, int64_t k, std::vector<BFloat16>& scratch) {
+    const int64_t row_elements = 2 * bf16_pairs(k);
+    scratch.assign(rows * row_elements, BFloat16{0});
+    for (int64_t row = 0; row < rows; row++) {
+        const float* source = x + row * k;
+        BFloat16* target = &scratch[row * row_elements];
+        int64_t h = 0;
+        for (; h + kLanes <= k; h += kLanes) store_vector(target + h, load_vector(source + h));
+        for (; h < k; h++) store(target + h, source[h]);
+    }
+    return reinterpret_cast<const Pair*>(scratch.data());
 }
 
 template <int ROWS, int PANELS>
 struct Bf16DotTile {
     static constexpr bool fits = ROWS <= kBf16Rows && PANELS <= bf16_panels_for(ROWS);
 
-    static void run(const Pair* x, int64_t pairs, const BFloat16* panels, int64_t spacing, BFloat16* y,
-                    int64_t n, int64_t first_output) {
+    template <typename Y>
+    static void run(const Pair* x, int64_t pairs, const BFloat16* panels, int64_t spacing, Y* y, int64_t n,
+                    int64_t first_output) {
         __m512 acc[ROWS][PANELS];
         for (int i = 0; i < ROWS; i++)
             for (int j = 0; j < PANELS; j++) acc[i][j] = _mm512_setzero_ps();
@@ -218,9 +237,9 @@ struct Bf16DotTile {
     }
 };
 
-void linear_bf16_dot(const BFloat16* x, int64_t rows, int64_t k, const BFloat16* packed, int64_t n, BFloat16* y,
-                     int num_threads) {
-    std::vector<uint32_t> scratch;
+template <typename X>
+void linear_bf16_dot(const X* x, int64_t rows, int64_t k, const BFloat16* packed, int64_t n, X* y, int num_threads) {
+    std::vector<BFloat16> scratch;
     const Pair* xs = pair_rows(x, rows, k, scratch);
     const int64_t pairs = bf16_pairs(k);
     const int group = bf16_panels_for(rows < kBf16Rows ? int(rows) : kBf16Rows);
@@ -533,8 +552,9 @@ void pack_int8(const uint8_t* values, const uint16_t* scales, const uint16_t* mi
 }  // namespace
 
 extern "C" {
-// Whether bfloat16 rows take the dot products, and so panels of their own: a weight is packed for
-// the rows it will meet (`bf16_rows`), and float32 rows' panels serve only float32 rows.
+// Whether this build has bfloat16 dot products. Their panels (pairs along K) are their own: a
+// weight is packed for the products it will meet (`pairs`), bfloat16 rows always take them,
+// float32 rows when asked (linear_bf16_dot_float32, which rounds the rows to bfloat16).
 int bf16_dot_products() {
 #if defined(BF16_DOT)
     return 1;
@@ -542,15 +562,15 @@ int bf16_dot_products() {
     return 0;
 #endif
 }
-int64_t bf16_packed_elements(int64_t n, int64_t k, int bf16_rows) {
+int64_t bf16_packed_elements(int64_t n, int64_t k, int pairs) {
 #if defined(BF16_DOT)
-    if (bf16_rows) return bf16_panel_count(n) * kLanes * 2 * bf16_pairs(k);
+    if (pairs) return bf16_panel_count(n) * kLanes * 2 * bf16_pairs(k);
 #endif
     return bf16_panel_count(n) * kLanes * k;
 }
-void bf16_pack(const BFloat16* w, int64_t n, int64_t k, BFloat16* packed, int bf16_rows) {
+void bf16_pack(const BFloat16* w, int64_t n, int64_t k, BFloat16* packed, int pairs) {
 #if defined(BF16_DOT)
-    if (bf16_rows) return pack_bf16_pairs(w, n, k, packed);
+    if (pairs) return pack_bf16_pairs(w, n, k, packed);
 #endif
     pack_bf16(w, n, k, packed);
 }
@@ -565,6 +585,12 @@ void linear_bf16_bfloat16(const BFloat16* x, int64_t rows, int64_t k, const BFlo
     linear_bf16(x, rows, k, w, n, y, threads);
 #endif
 }
+#if defined(BF16_DOT)
+void linear_bf16_dot_float32(const float* x, int64_t rows, int64_t k, const BFloat16* w, int64_t n, float* y,
+                             int threads) {
+    linear_bf16_dot(x, rows, k, w, n, y, threads);
+}
+#endif
 
 // Packed int8 panels: values bytes, scales and mins for n outputs of `blocks` blocks each.
 int64_t int8_packed_outputs(int64_t n) { return int8_panel_count(n) * kInt8Lanes; }

@@ -16,7 +16,7 @@ from loraserve.config import ModelConfig
 from loraserve.errors import ModelLoadError
 from loraserve.models.cpu_linear import NarrowMatmul, PackedInt8, load_linear_kernel
 from loraserve.models.default_model import MODEL_NAME, default_model_dir
-from loraserve.models.dtypes import cpu_has_amx, dtype_name, resolve_dtype, resolve_weights
+from loraserve.models.dtypes import BFLOAT16_DOT, cpu_has_amx, dtype_name, resolve_dtype, resolve_weights
 from loraserve.models.linear import Linear
 from loraserve.models.llama import LlamaForCausalLM, LlamaSpec
 from loraserve.models.packed_weights_cache import PackedWeightsCache
@@ -87,12 +87,13 @@ def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig, mod
     a decode step's matmuls: one row 2x faster than oneDNN's, 32 rows as fast. With AMX, oneDNN's
     tiles are left the work (not measured here)."""
     kernel = load_linear_kernel(config.cache_dir / "kernels")
-    dot_products = kernel is not None and kernel.bfloat16_dot_products and not cpu_has_amx()
-    if weights == dtype_name(model.dtype) and not dot_products:
+    dot_products = kernel is not None and kernel.bfloat16_dot_products
+    if weights == dtype_name(model.dtype) and not (dot_products and not cpu_has_amx()):
         return weights  # oneDNN packs them
-    if kernel is None:
+    if kernel is None or (weights == BFLOAT16_DOT and not dot_products):
         if config.weights == weights:
-            raise ModelLoadError(f"--weights {weights} needs the CPU matmul kernel, which could not be built")
+            needs = "the CPU matmul kernel, which could not be built" if kernel is None else "AVX512-BF16 in its build"
+            raise ModelLoadError(f"--weights {weights} needs {needs}")
         return dtype_name(model.dtype)
     linears = {module_name: module for module_name, module in model.named_modules() if isinstance(module, Linear)}
     cache, cached = None, None

@@ -12,7 +12,7 @@ import torch
 from loraserve import LLM, SamplingParams
 from loraserve.errors import ConfigError
 from loraserve.models.cpu_linear import NarrowMatmul
-from loraserve.models.dtypes import resolve_weights
+from loraserve.models.dtypes import cpu_has_bf16_dot_products, resolve_weights
 from sgmv_kernels.build import MARCH_VARIABLE
 from tests.conftest import CHAT_PROMPTS
 from tests.kernels.test_cpu_linear import MARCHES
@@ -52,11 +52,16 @@ def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march,
 
 
 def test_auto_holds_bfloat16_weights_only_where_float32_compute_was_chosen_for_the_cpu():
-    assert resolve_weights("auto", "auto", torch.float32, "cpu") == "bfloat16"
+    with_dot_products = "bfloat16-dot" if cpu_has_bf16_dot_products() else "bfloat16"
+    assert resolve_weights("auto", "auto", torch.float32, "cpu") == with_dot_products
     assert resolve_weights("auto", "float32", torch.float32, "cpu") == "float32"  # asked for: exact
     assert resolve_weights("auto", "auto", torch.bfloat16, "cpu") == "bfloat16"
     assert resolve_weights("int8", "auto", torch.bfloat16, "cpu") == "int8"
-    for name, dtype, device in [("float32", torch.bfloat16, "cpu"), ("int8", torch.bfloat16, "cuda")]:
+    assert resolve_weights("bfloat16-dot", "bfloat16", torch.bfloat16, "cpu") == "bfloat16"  # the same products
+    refused_here = [] if cpu_has_bf16_dot_products() else [("bfloat16-dot", torch.float32, "cpu")]
+    for name, dtype, device in [
+        ("float32", torch.bfloat16, "cpu"), ("int8", torch.bfloat16, "cuda"), *refused_here
+    ]:  # fmt: skip
         with pytest.raises(ConfigError) as refused:
             resolve_weights(name, "auto", dtype, device)
         assert refused.value.field == "--weights"

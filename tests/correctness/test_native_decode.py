@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from loraserve import LLM, SamplingParams
-from loraserve.models.dtypes import cpu_has_amx, cpu_has_native_bf16
+from loraserve.models.dtypes import cpu_has_amx, cpu_has_bf16_dot_products, cpu_has_native_bf16
 from loraserve.resources import SAMPLE_ADAPTERS
 from sgmv_kernels.build import MARCH_VARIABLE
 from tests.conftest import CHAT_PROMPTS
@@ -61,6 +61,9 @@ def tokens_and_logprobs(outputs) -> list:
     + [("bfloat16", "int8", "native")]
     + [pytest.param("bfloat16", "bfloat16", "native", marks=pytest.mark.skipif(
         not cpu_has_native_bf16() or cpu_has_amx(), reason="bfloat16 weights go to our kernel with AVX512-BF16, no AMX"
+    ))]
+    + [pytest.param("float32", "bfloat16-dot", "native", marks=pytest.mark.skipif(
+        not cpu_has_bf16_dot_products(), reason="bfloat16 dot products need AVX512-BF16"
     ))],
 )  # fmt: skip
 def test_native_step_gives_the_layered_steps_bits_over_mixed_adapters(dtype, weights, march, monkeypatch):

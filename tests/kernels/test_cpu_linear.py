@@ -59,7 +59,8 @@ def int8_reference(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
 def test_bfloat16_weights_give_the_float32_sums_of_their_products(kernel, in_features, out_features):
     generator = torch.Generator().manual_seed(in_features)
     w = torch.randn(out_features, in_features, generator=generator).bfloat16()
-    packed, packed16 = kernel.pack_bfloat16(w, torch.float32), kernel.pack_bfloat16(w, torch.bfloat16)
+    dot = kernel.bfloat16_dot_products
+    packed, packed16 = kernel.pack_bfloat16(w, dot_products=False), kernel.pack_bfloat16(w, dot_products=dot)
     x_all = torch.randn(max(ROWS), in_features, generator=generator)
     for rows in ROWS:
         x = x_all[:rows]
@@ -74,6 +75,10 @@ def test_bfloat16_weights_give_the_float32_sums_of_their_products(kernel, in_fea
         reference16 = x16.double() @ w.double().T
         bound16 = accumulation_bound(x16, w) + reference16.abs() * 2.0**-8
         assert ((y16.double() - reference16).abs() <= bound16).all(), rows
+        if dot:  # float32 rows on the dot products' panels: rounded to bfloat16 as read, summed in float32
+            y = kernel.bfloat16_weights(x, packed16)
+            assert y.dtype == torch.float32
+            assert ((y.double() - reference16).abs() <= accumulation_bound(x16, w)).all(), rows
 
 
 @pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
@@ -139,13 +144,14 @@ def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel):
     assert (error <= accumulation_bound(x, weight.bfloat16())).all()
 
 
-def test_a_weight_packed_for_one_dtype_of_rows_refuses_the_other(kernel):
+def test_bfloat16_rows_refuse_widened_panels_where_they_take_dot_products_and_no_build_fakes_them(kernel):
     weight = torch.randn(16, 32)
-    packed = kernel.pack_bfloat16(weight, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"packed for torch\.bfloat16 rows"):
-        kernel.bfloat16_weights(torch.randn(2, 32), packed)
-    if kernel.bfloat16_dot_products:  # pairs along K: an odd K's last pair is padded with a zero
-        assert (
-            packed.packed.numel() == 16 * 32
-            and kernel.pack_bfloat16(torch.randn(16, 33), torch.bfloat16).packed.numel() == 16 * 34
-        )
+    if not kernel.bfloat16_dot_products:
+        with pytest.raises(ValueError, match="no bfloat16 dot products"):
+            kernel.pack_bfloat16(weight, dot_products=True)
+        return
+    with pytest.raises(ValueError, match="pack the weight for them"):
+        kernel.bfloat16_weights(torch.randn(2, 32).bfloat16(), kernel.pack_bfloat16(weight, dot_products=False))
+    # pairs along K: an odd K's last pair is padded with a zero
+    assert kernel.pack_bfloat16(weight, dot_products=True).packed.numel() == 16 * 32
+    assert kernel.pack_bfloat16(torch.randn(16, 33), dot_products=True).packed.numel() == 16 * 34

@@ -1,14 +1,15 @@
 """Base-model matmuls on the CPU with weights narrower than the activations (linear_cpu.cpp).
 
-A decode step's time is the weights' bytes over the memory bandwidth. On a CPU without a
-bfloat16 dot product the activations stay float32, and the weights need not: bfloat16 weights
-are widened in registers (half of float32's bytes), int8 blocks hold a byte per weight with a
-scale and a minimum per block of 32 (a little over a quarter; integer dot products against x in
-int16). A block's minimum and range, not its absolute maximum, set its grid: the default model's
-weights are 4-bit blocks of that form (its GGUF is Q4_1), which this grid holds exactly, where
-q8_0's absmax / 127 would round each again (measured: 95% of top tokens kept against 99%).
-Prompts go through the kernel too: its tiles are a
-GEMM's, and keep up with torch's float32 GEMM.
+A decode step's time is the weights' bytes over the memory bandwidth. With float32 activations
+(what `auto` computes in on a CPU without AMX) the weights need not be float32: bfloat16 weights
+are widened in registers (half of float32's bytes), or, where the CPU has bfloat16 dot products,
+multiplied by them, each row rounded to bfloat16 as it is read (bfloat16-dot: twice an FMA's
+products, which batches need); int8 blocks hold a byte per weight with a scale and a minimum per
+block of 32 (a little over a quarter; integer dot products against x in int16). A block's
+minimum and range, not its absolute maximum, set its grid: the default model's weights are 4-bit
+blocks of that form (its GGUF is Q4_1), which this grid holds exactly, where q8_0's absmax / 127
+would round each again (measured: 95% of top tokens kept against 99%). Prompts go through the
+kernel too: its tiles are a GEMM's, and keep up with torch's float32 GEMM.
 
 Built on first use for this machine (sgmv_kernels/build.py); without a compiler
 `load_linear_kernel` says why and returns None.

@@ -3,11 +3,11 @@ cpu_linear.py). `auto`: bfloat16 on CUDA and on CPUs with AMX tiles; on other CP
 with bfloat16 weights, multiplied by bfloat16 dot products where the CPU has them (AVX512-BF16).
 
 Why not bfloat16 compute on AVX512-BF16 CPUs: measured on a Zen 5 with the shipped text
-(`loraserve bench quality`), bfloat16 compute keeps 96.4-97.1% of float32's top tokens (mean KL
+(`loraserve bench quality`), bfloat16 compute keeps 96.5-97.4% of float32's top tokens (mean KL
 0.002-0.003), float32 activations with bfloat16 dot products 98.7-99.3% (KL 0.0003-0.0004): a
-bfloat16 residual stream, norms and KV cache cost the quality, the products' rounding little. Its
-speed (`loraserve bench weights`, one run): one chat 162.9 against 158.5 tok/s, 32 chats over 8
-adapters 1225 against 1315."""
+bfloat16 residual stream, norms and KV cache cost the quality, the products' rounding little. The
+speed (`loraserve bench weights`, one run): one chat 161.4 against 160.6 tok/s, 32 chats over 8
+adapters 1183 against 1373, whose gap is the float32 KV cache and adapter pool (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -90,11 +90,14 @@ def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig, mod
     dot_products = kernel is not None and kernel.bfloat16_dot_products
     if weights == dtype_name(model.dtype) and not (dot_products and not cpu_has_amx()):
         return weights  # oneDNN packs them
-    if kernel is None or (weights == BFLOAT16_DOT and not dot_products):
+    if kernel is None:
         if config.weights == weights:
-            needs = "the CPU matmul kernel, which could not be built" if kernel is None else "AVX512-BF16 in its build"
-            raise ModelLoadError(f"--weights {weights} needs {needs}")
+            raise ModelLoadError(f"--weights {weights} needs the CPU matmul kernel, which could not be built")
         return dtype_name(model.dtype)
+    if weights == BFLOAT16_DOT and not dot_products:  # a compiler without AVX512-BF16's intrinsics
+        if config.weights == weights:
+            raise ModelLoadError(f"--weights {weights} needs AVX512-BF16 in the CPU matmul kernel's build")
+        weights = "bfloat16"
     linears = {module_name: module for module_name, module in model.named_modules() if isinstance(module, Linear)}
     cache, cached = None, None
     if weights == "int8" and not config.random_weights:

@@ -11,8 +11,13 @@ after B's B's is 100; A is admitted again first, so A gets about twice B's token
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from loraserve.engine.sequence import Sequence
 
 PROMPT_TOKEN_COST = 1.0
 OUTPUT_TOKEN_COST = 2.0
@@ -47,3 +52,45 @@ class FairShare:
     def charge(self, tenant: Tenant, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
         cost = PROMPT_TOKEN_COST * prompt_tokens + OUTPUT_TOKEN_COST * output_tokens
         self._served[tenant.name] = self.counter(tenant) + cost / tenant.weight
+
+    def admission_order(self, waiting: Iterable[Sequence], running: Iterable[Sequence]) -> Iterator[Sequence]:
+        """The waiting sequences in the order to admit them: by priority, then the tenant with the lowest
+        counter (charged as they are admitted; a tie, as a newcomer has, goes to the one with fewer
+        running); in each tenant's queue, its preempted ones first (they held their place), then first
+        come, first served."""
+        queues: dict[Tenant, deque[Sequence]] = {}
+        for seq in waiting:  # each tenant's own queue keeps the waiting order
+            queues.setdefault(seq.request.tenant, deque()).append(seq)
+        running_count = Counter(seq.request.tenant for seq in running)
+
+        def head_key(tenant: Tenant) -> tuple[int, float, int]:
+            return queues[tenant][0].request.priority, self.counter(tenant), running_count[tenant]
+
+        while queues:
+            tenant = min(queues, key=head_key)
+            seq = queues[tenant].popleft()
+            if not queues[tenant]:
+                del queues[tenant]
+            yield seq
+
+    def slots_to_move(
+        self, running: Counter[Tenant], startable: Counter[Tenant], slots: int
+    ) -> Iterator[tuple[Tenant, Tenant]]:
+        """With all `slots` taken (`running`, by tenant), the moves (taker, holder) that bring tenants
+        with `startable` sequences waiting up to their share of the slots (by weight, among the tenants
+        running or waiting), lowest counter first, each from the tenant furthest over its share; none
+        that would put the taker past its share, or take from a tenant not a whole slot over. Updates
+        `running` as it goes."""
+        total_weight = sum(tenant.weight for tenant in running.keys() | startable.keys())
+
+        def excess(tenant: Tenant) -> float:
+            return running[tenant] - slots * tenant.weight / total_weight
+
+        for tenant in sorted(startable, key=self.counter):
+            for _ in range(startable[tenant]):
+                holder = max(running, key=excess)
+                if excess(tenant) + 1 > 0 or excess(holder) < 1:
+                    break
+                running[holder] -= 1
+                running[tenant] += 1
+                yield tenant, holder

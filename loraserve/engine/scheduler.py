@@ -19,14 +19,14 @@ import itertools
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 from loraserve.config import SchedulerConfig
 from loraserve.engine.admission import Admission
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
-from loraserve.engine.fair_share import FairShare, Tenant
+from loraserve.engine.fair_share import FairShare
 from loraserve.engine.grammar import advance as advance_grammar
 from loraserve.engine.grammar import valid_drafts
 from loraserve.engine.outputs import (
@@ -169,7 +169,7 @@ class Scheduler:
         # Admitting new work right after preempting would only preempt again.
         if self._draining is not None and not any(seq.request.adapter == self._draining for seq in self.running):
             self._draining = None  # drained: its idle slot goes to the first waiting request that needs one
-        for seq in self._admission_order():
+        for seq in self.fair_share.admission_order(self.waiting, self.running):
             if budget <= 0 or len(self.running) >= max_running or preempted:
                 break
             if seq.request in self._failing:
@@ -245,33 +245,12 @@ class Scheduler:
         chosen.append((seq, num_new))
         return num_new
 
-    def _admission_order(self) -> Iterator[Sequence]:
-        """The waiting sequences in the order to admit them: by priority, then the tenant with the lowest
-        fair-share counter (charged as they are admitted; a tie, as a newcomer has, goes to the one with
-        fewer running); in each tenant's queue, its preempted ones first (they held their place), then
-        first come, first served."""
-        queues: dict[Tenant, deque[Sequence]] = {}
-        for seq in self.waiting:  # each tenant's own queue keeps the waiting order
-            queues.setdefault(seq.request.tenant, deque()).append(seq)
-        running = Counter(seq.request.tenant for seq in self.running)
-
-        def head_key(tenant: Tenant) -> tuple[int, float, int]:
-            return queues[tenant][0].request.priority, self.fair_share.counter(tenant), running[tenant]
-
-        while queues:
-            tenant = min(queues, key=head_key)
-            seq = queues[tenant].popleft()
-            if not queues[tenant]:
-                del queues[tenant]
-            yield seq
-
     def _yield_to_fair_share(self, max_running: int) -> None:
-        """With the batch full, a tenant waiting with fewer running sequences than its share of the
-        slots (by weight, among the tenants running or waiting) takes one from the tenant furthest
-        over its share, whose newest sequence goes back to waiting, to be recomputed (its prompt's
-        blocks mostly stay in the prefix cache). Otherwise a newcomer waits for a sequence to end:
-        a whole generation when a flood filled the batch at once. Only sequences that can start at
-        once (no adapter to load first) take a slot so."""
+        """With the batch full, a tenant below its share of the slots takes one from the tenant
+        furthest over its share (FairShare.slots_to_move), whose newest sequence goes back to
+        waiting, to be recomputed (its prompt's blocks mostly stay in the prefix cache). Otherwise a
+        newcomer waits for a sequence to end: a whole generation when a flood filled the batch at
+        once. Only sequences that can start at once (no adapter to load first) take a slot so."""
         if len(self.running) < max_running:
             return
         running = Counter(seq.request.tenant for seq in self.running)
@@ -281,23 +260,11 @@ class Scheduler:
             if seq.request not in self._failing
             and (seq.request.adapter is None or self._record(seq.request.adapter).state is AdapterState.ON_DEVICE)
         )
-        tenants = running.keys() | startable.keys()
-        total_weight = sum(tenant.weight for tenant in tenants)
-
-        def excess(tenant: Tenant) -> float:
-            return running[tenant] - max_running * tenant.weight / total_weight
-
-        for tenant in sorted(startable, key=self.fair_share.counter):
-            for _ in range(startable[tenant]):
-                over = max(running, key=excess)
-                if excess(tenant) + 1 > 0 or excess(over) < 1:
-                    break  # one more would put it past its share, or no one holds more than theirs
-                victim = next(seq for seq in reversed(self.running) if seq.request.tenant == over)
-                self.running.remove(victim)
-                self._preempt(victim)
-                self.num_fair_share_preemptions += 1
-                running[over] -= 1
-                running[tenant] += 1  # the slot is its to take in this step's admission
+        for _taker, holder in self.fair_share.slots_to_move(running, startable, max_running):
+            victim = next(seq for seq in reversed(self.running) if seq.request.tenant == holder)
+            self.running.remove(victim)
+            self._preempt(victim)
+            self.num_fair_share_preemptions += 1
 
     def _record(self, adapter: str) -> AdapterRecord:
         record = self.adapters.record(adapter)

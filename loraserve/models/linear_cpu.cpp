@@ -187,26 +187,24 @@ void pack_bf16(const BFloat16* w, int64_t n, int64_t k, BFloat16* packed) {
 int64_t bf16_pairs(int64_t k) { return (k + 1) / 2; }  // an odd K's last pair has a zero
 typedef uint32_t Pair __attribute__((may_alias));  // two bfloat16 read as one word
 
-// x's rows as pairs along K, one 32-bit word each, bf16_pairs(k) a row: x itself where it is
-// bfloat16 and K is even, else rounded to bfloat16 (nearest even, as torch rounds) into `scratch`.
-inline const Pair* pair_rows(const BFloat16* x, int64_t rows, int64_t k, std::vector<BFloat16>& scratch) {
-    if (k % 2 == 0) return reinterpret_cast<const Pair*>(x);
-    const int64_t row_elements = 2 * bf16_pairs(k);
-    scratch.assign(rows * row_elements, BFloat16{0});
-    for (int64_t row = 0; row < rows; row++)
-        std::memcpy(&scratch[row * row_elements], x + row * k, k * sizeof(BFloat16));
-    return reinterpret_cast<const Pair*>(scratch.data());
+// One row of x into `target`, as bfloat16: copied, or rounded (nearest even, as torch rounds).
+inline void bfloat16_row(const BFloat16* source, int64_t k, BFloat16* target) {
+    std::memcpy(target, source, k * sizeof(BFloat16));
 }
-inline const Pair* pair_rows(const float* x, int64_t rows, int64_t k, std::vector<BFloat16>& scratch) {
+inline void bfloat16_row(const float* source, int64_t k, BFloat16* target) {
+    int64_t h = 0;
+    for (; h + kLanes <= k; h += kLanes) store_vector(target + h, load_vector(source + h));
+    for (; h < k; h++) store(target + h, source[h]);
+}
+
+// x's rows as pairs along K, one 32-bit word each, bf16_pairs(k) a row: x itself where it is
+// bfloat16 and K is even, else its rows in bfloat16 in `scratch` (an odd K's last pair padded).
+template <typename X>
+const Pair* pair_rows(const X* x, int64_t rows, int64_t k, std::vector<BFloat16>& scratch) {
+    if (std::is_same_v<X, BFloat16> && k % 2 == 0) return reinterpret_cast<const Pair*>(x);
     const int64_t row_elements = 2 * bf16_pairs(k);
     scratch.assign(rows * row_elements, BFloat16{0});
-    for (int64_t row = 0; row < rows; row++) {
-        const float* source = x + row * k;
-        BFloat16* target = &scratch[row * row_elements];
-        int64_t h = 0;
-        for (; h + kLanes <= k; h += kLanes) store_vector(target + h, load_vector(source + h));
-        for (; h < k; h++) store(target + h, source[h]);
-    }
+    for (int64_t row = 0; row < rows; row++) bfloat16_row(x + row * k, k, &scratch[row * row_elements]);
     return reinterpret_cast<const Pair*>(scratch.data());
 }
 

@@ -60,7 +60,8 @@ def test_auto_holds_bfloat16_weights_only_where_float32_compute_was_chosen_for_t
     assert resolve_weights("bfloat16-dot", "bfloat16", torch.bfloat16, "cpu") == "bfloat16"  # the same products
     refused_here = [] if cpu_has_bf16_dot_products() else [("bfloat16-dot", torch.float32, "cpu")]
     for name, dtype, device in [
-        ("float32", torch.bfloat16, "cpu"), ("int8", torch.bfloat16, "cuda"), *refused_here
+        ("float32", torch.bfloat16, "cpu"), ("int8", torch.bfloat16, "cuda"), ("int8", torch.float16, "cpu"),
+        ("bfloat16-dot", torch.float16, "cpu"), *refused_here
     ]:  # fmt: skip
         with pytest.raises(ConfigError) as refused:
             resolve_weights(name, "auto", dtype, device)

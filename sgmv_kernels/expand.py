@@ -113,6 +113,9 @@ def _expand_kernel(
             for n_start in range(n_begin, n_stop, BLOCK_N):
                 offs_n = n_start + tl.arange(0, BLOCK_N)
                 columns = offs_n - first  # of this projection's B^T rows
+                out_tile = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
+                mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < end)
+                current = tl.load(out_tile, mask=mask, other=0.0)  # before B's loads: their latencies overlap
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for k_start in range(0, rank, BLOCK_K):  # the adapter's true rank, not the pool's maximum
                     if TENSOR_TILE:  # 16 rows: a prompt's
@@ -129,9 +132,6 @@ def _expand_kernel(
                                 columns, row_end, rank, end, stride_y, ROW_ALIGNMENT,
                             )  # fmt: skip
                             acc += tl.sum(y_tile[:, :, None] * b_tile[None, :, :], axis=1)
-                out_tile = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
-                mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < end)
-                current = tl.load(out_tile, mask=mask, other=0.0)
                 tl.store(out_tile, (current.to(tl.float32) + acc * scale).to(current.dtype), mask=mask)
 
 
@@ -206,7 +206,7 @@ def sgmv_expand_group(
         out.shape[1], start_1, start_2, chunk_1, chunk_2, per_chunk, m_programs, y.stride(0), y.stride(1),
         b_rows.stride(1), b_rows.stride(0), ranks.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, ROW_ALIGNMENT=row_alignment,
-        TENSOR_TILE=not fma, FMA_K=FMA_K, num_warps=shape.num_warps,
+        TENSOR_TILE=not fma, FMA_K=FMA_K, num_warps=shape.num_warps, num_stages=shape.num_stages,
     )  # fmt: skip
 
 

@@ -64,7 +64,7 @@ def bgmv_shrink_reference(
 
 
 @triton.jit
-def _dot(a, b, TENSOR_CORES: tl.constexpr):
+def tile_dot(a, b, TENSOR_CORES: tl.constexpr):
     """16-bit operands on a GPU: tensor cores, fp32 sums. Else exact fp32 products (and the
     interpreter, which multiplies bfloat16 as raw integers, never sees a 16-bit dot)."""
     if TENSOR_CORES:
@@ -116,7 +116,7 @@ def _shrink_kernel(
                     mask=(offs_m[:, None] < row_end) & (k[None, :] < hidden), other=0.0,
                 )  # fmt: skip
                 a_tile = tl.load(a_cols + k[:, None], mask=(offs_n[None, :] < rank) & (k[:, None] < hidden), other=0.0)
-                acc += _dot(x_tile, a_tile, TENSOR_CORES)
+                acc += tile_dot(x_tile, a_tile, TENSOR_CORES)
             tile = offs_m[:, None] * stride_out + offs_n[None, :]
             mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < rank)
             if num_splits == 1:

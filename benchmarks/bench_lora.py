@@ -9,7 +9,7 @@ cached mix is.
 
 Adapters: ranks 8 and 16 alternating, all seven projections, seeded random weights in
 PEFT files (throughput does not depend on what the weights learned). Greedy, EOS ignored, in the dtype the server picks
-(--dtype auto: bfloat16 where the CPU computes it natively).
+(--dtype auto: bfloat16 on CUDA or a CPU with AMX, else float32).
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--dtype", default="auto", choices=DTYPES,
-        help="auto (default), as the server picks: bfloat16 on CUDA or where the CPU has it natively, else float32",
+        help="auto (default), as the server picks: bfloat16 on CUDA or a CPU with AMX, else float32",
     )  # fmt: skip
 
 

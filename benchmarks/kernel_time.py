@@ -10,12 +10,16 @@ from loraserve.engine import LLMEngine
 from loraserve.models.cpu_attention import DecodeAttentionKernel
 from loraserve.models.cpu_decode_step import CpuDecodeStep
 from loraserve.models.cpu_layer_ops import LayerOpsKernel
+from loraserve.models.cpu_linear import NarrowMatmul
 from sgmv_kernels.native import LoraKernel
 
 # What each row of a report names -> the methods that call into that kernel.
 KERNEL_CALLS: dict[str, list[tuple[type, str]]] = {
     # the whole decode step in one native call where the weights are ours (the kernels below then run inside it)
     "native decode step (layers only, no lm_head)": [(CpuDecodeStep, "__call__")],
+    "base-model matmuls with 16-bit or int8 weights, outside the native step (its lm_head)": [
+        (NarrowMatmul, "__call__")
+    ],
     "multi-LoRA kernel": [(LoraKernel, "add")],
     "decode attention kernel": [(DecodeAttentionKernel, "__call__")],
     "per-layer ops kernel (norm + residual, rotary + K/V write, SiLU)": [

@@ -152,7 +152,7 @@ def main() -> None:
         lines += [
             "",
             f"Inside the compiled CPU kernels in the {args.adapters}-adapter step (ms per step): "
-            + ", ".join(f"{name} {ms:.1f}" for name, ms in kernels.items())
+            + ", ".join(f"{name} {ms:.1f}" for name, ms in kernels.items() if ms > 0)  # the ones it called
             + ".",
         ]
     what = "GPU kernels (device time; CUDA graph replays included)" if on_cuda else "torch ops (self CPU time)"
@@ -160,7 +160,7 @@ def main() -> None:
     lines += [
         "",
         f"Top {what} of the {args.adapters}-adapter step, beside the base step's, by the torch profiler"
-        + ("" if on_cuda else "; `_linear_pointwise` is the base model's matmuls; the kernels above are not torch ops")
+        + ("" if on_cuda else "; the kernels above are not torch ops (`_linear_pointwise`: oneDNN's float32 matmuls)")
         + ":",
         "",
         f"| {'kernel' if on_cuda else 'op'} | ms per step, {args.adapters} adapters | ms per step, base "

@@ -13,6 +13,8 @@
 # SOURCE_DIR: the default model's config.json and tokenizer files (its 94 MB of weights need not
 # travel: random weights of its shapes are made there). OUT_DIR gets versions.txt, one log per
 # stage and benchmarks.md (the sections to merge into docs/benchmarks.md).
+# The engine imports llguidance and pytest's settings name sqlalchemy: on a GPU machine without them,
+# install their wheels first (pip install --target DIR) and put DIR on PYTHONPATH.
 set -u
 SOURCE=$1
 OUT=$2

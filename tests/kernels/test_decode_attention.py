@@ -36,7 +36,7 @@ def reference(queries, k_cache, v_cache, tables, lens, scale) -> torch.Tensor:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (32, 8, 128)])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (32, 8, 128), (32, 1, 64)])
 def test_paged_decode_attention_equals_the_reference(device, dtype, num_heads, num_kv_heads, head_dim):
     gen = torch.Generator().manual_seed(0)
     num_pages, block_size, layers = 40, 16, 2

@@ -143,3 +143,19 @@ def test_weights_benchmark_reports_the_floor_and_tok_s_per_mode(tmp_path):
     stdout = run_module("benchmarks.weights", "--quick", "--modes", "float32:int8", "--output", str(tmp_path / "o.md"))
     assert "Streaming read:" in stdout and "| float32 | int8 | 15" in stdout  # ~151 MB of int8 weights
     assert not (tmp_path / "o.md").exists()
+
+
+def test_quality_meter_counts_disagreements_and_those_at_near_ties():
+    import torch
+
+    from benchmarks.quality import NEAR_TIE_NATS, compare
+
+    # Reference log-probabilities over 3 tokens at 3 positions: a clear top token, a near tie, a clear one.
+    reference = torch.tensor([[0.0, -5.0, -6.0], [-1.0, -1.0 - NEAR_TIE_NATS / 2, -6.0], [-6.0, -5.0, 0.0]])
+    reference = reference.log_softmax(-1)
+    ours = reference.clone()
+    ours[0] = torch.tensor([-5.0, 0.0, -6.0]).log_softmax(-1)  # flips a clear top token
+    ours[1] = torch.tensor([-1.0 - NEAR_TIE_NATS / 2, -1.0, -6.0]).log_softmax(-1)  # flips the near tie
+    quality = compare(ours, reference, next_tokens=[0, 0, 2])
+    assert (quality.disagreements, quality.near_tie_disagreements) == (2, 1)
+    assert abs(quality.same_top - 1 / 3) < 1e-6 and quality.mean_kl > 0

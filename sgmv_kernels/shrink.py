@@ -72,6 +72,11 @@ def tile_dot(a, b, TENSOR_CORES: tl.constexpr):
     return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
 
 
+def tensor_cores(operand: torch.Tensor) -> bool:
+    """`tile_dot`'s TENSOR_CORES for operands like this one: 16-bit on a GPU."""
+    return operand.is_cuda and operand.dtype != torch.float32
+
+
 @triton.jit
 def _shrink_kernel(
     x_ptr, pool_ptr, a_rows_ptr, partials_ptr, y_ptr, counters_ptr, ranks_ptr, indptr_ptr, slots_ptr,
@@ -233,7 +238,7 @@ def sgmv_shrink_group(
         x.shape[1], k_per_split, splits, n_blocks, m_programs, x.stride(0), a_rows.stride(1), a_rows.stride(0),
         ranks.stride(0), partials.stride(0), y.stride(0), y.stride(1),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=shape.block_k, SPLITS=triton.next_power_of_2(splits),
-        TENSOR_CORES=x.is_cuda and x.dtype != torch.float32, ROW_ALIGNMENT=row_alignment,
+        TENSOR_CORES=tensor_cores(x), ROW_ALIGNMENT=row_alignment,
         num_warps=shape.num_warps, num_stages=shape.num_stages,
     )  # fmt: skip
     return y

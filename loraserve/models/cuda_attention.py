@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgmv_kernels.shrink import tile_dot
+from sgmv_kernels.shrink import tensor_cores, tile_dot
 
 TILE = 64  # tokens per pass: four 16-token blocks (an H200 read a long context 1.5x faster than with 32)
 MIN_DOT_ROWS = 16  # a tile product's least rows: the query heads of a group are padded to them
@@ -91,6 +91,6 @@ def paged_decode_attention(
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(MIN_DOT_ROWS, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, TILE=max(TILE, triton.next_power_of_2(block_size)),
-        TENSOR_CORES=queries.is_cuda and queries.dtype != torch.float32,
+        TENSOR_CORES=tensor_cores(queries),
     )  # fmt: skip
     return out

@@ -1,0 +1,49 @@
+"""The weights a decode step streams lie in transparent huge pages wherever the kernel lends them
+(importing loraserve asks torch for them before torch starts), unless the user says no."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+# Loads the default model with bfloat16 weights and prints the huge-page kB of the mapping that
+# holds the lm_head's packed panels (the largest weight a step reads).
+PROBE = """
+import loraserve
+from loraserve.config import ModelConfig
+from loraserve.models.loader import load_model
+
+loaded = load_model(ModelConfig(dtype="float32", weights="bfloat16"))
+address = loaded.model.lm_head.narrow.bfloat16.packed.data_ptr()
+mapping = None
+for line in open("/proc/self/smaps"):
+    fields = line.split()
+    if "-" in fields[0] and ":" not in fields[0]:
+        start, end = (int(part, 16) for part in fields[0].split("-"))
+        mapping = start <= address < end
+    elif mapping and fields[0] == "AnonHugePages:":
+        print(fields[1])
+"""
+
+
+def huge_page_kilobytes(environment: dict[str, str]) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=environment, capture_output=True, text=True, timeout=300, check=True
+    )
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(
+    not THP_MODE.exists() or "[never]" in THP_MODE.read_text(), reason="this kernel lends no transparent huge pages"
+)
+def test_packed_weights_lie_in_huge_pages_unless_turned_off():
+    environment = {name: value for name, value in os.environ.items() if name != "THP_MEM_ALLOC_ENABLE"}
+    assert huge_page_kilobytes(environment) >= 2048 * 10  # the lm_head's 57 MB: most of it, not a stray page
+    if "[madvise]" in THP_MODE.read_text():  # with [always] every large mapping takes them anyway
+        assert huge_page_kilobytes({**environment, "THP_MEM_ALLOC_ENABLE": "0"}) == 0

@@ -4,8 +4,10 @@
 // The kernels are those the model calls one by one (linear_cpu.cpp, layer_ops_cpu.cpp,
 // paged_attention_cpu.cpp, sgmv_kernels/lora_cpu.cpp), each built as its own library; the plan
 // reaches them through function pointers. Python plans once (weights, caches, adapter tables:
-// cpu_decode_step.py) and hands each step only its rows. The order of operations is llama.py's,
+// cpu_decode_step.py) and hands each step only its rows' integers: the step looks up their
+// embeddings and rotary rows itself (in torch, those few small ops took ~0.2 ms a step). The order of operations is llama.py's,
 // so the result is the same to the last bit.
+#include <algorithm>
 #include <cstdint>
 
 #include "cpu_vectors.h"
@@ -55,6 +57,9 @@ struct Model {
     Kernels kernels;
     const Layer* layers;
     int64_t num_layers;
+    const BFloat16* embed;  // [vocab, hidden]
+    const void* rope_cos;   // [max_positions, head_dim] in the compute dtype
+    const void* rope_sin;
     const void* final_norm;
     int64_t hidden, intermediate, num_heads, num_kv_heads, head_dim, block_size, block_stride;
     double eps, scale;
@@ -65,9 +70,8 @@ struct Model {
 // One step's rows (all one token each).
 struct Step {
     int64_t rows;
-    void* x;  // [rows, hidden] the embedded tokens in; the residual stream from there on
-    const void* cos;  // [rows, head_dim]
-    const void* sin;
+    const int64_t* token_ids;  // [rows], each below the vocabulary's size (checked by the caller)
+    const int64_t* positions;  // [rows], each below the rotary table's
     const int64_t* slot_blocks;  // [rows] where each row writes its K and V
     const int64_t* slot_offsets;
     const int64_t* block_tables;  // [rows, max_blocks]
@@ -83,7 +87,7 @@ struct Step {
 
 template <typename T>
 struct Buffers {
-    T *normed, *qkv, *attended, *delta, *gate_up, *activated;
+    T *residual, *cos, *sin, *normed, *qkv, *attended, *delta, *gate_up, *activated;
 };
 
 int64_t qkv_width(const Model& m) { return (m.num_heads + 2 * m.num_kv_heads) * m.head_dim; }
@@ -96,6 +100,9 @@ Buffers<T> carve(const Model& m, int64_t rows, T* next) {
         return taken;
     };
     Buffers<T> b;
+    b.residual = take(m.hidden);
+    b.cos = take(m.head_dim);
+    b.sin = take(m.head_dim);
     b.normed = take(m.hidden);
     b.qkv = take(qkv_width(m));
     b.attended = take(m.num_heads * m.head_dim);
@@ -106,7 +113,7 @@ Buffers<T> carve(const Model& m, int64_t rows, T* next) {
 }
 
 int64_t workspace_elements(const Model& m, int64_t rows) {
-    return rows * (2 * m.hidden + qkv_width(m) + m.num_heads * m.head_dim + 3 * m.intermediate);
+    return rows * (3 * m.hidden + 2 * m.head_dim + qkv_width(m) + m.num_heads * m.head_dim + 3 * m.intermediate);
 }
 
 template <typename T>
@@ -116,7 +123,8 @@ class StepRunner {
         : m_(m), s_(s), threads_(int(s.threads)), b_(carve(m, s.rows, static_cast<T*>(s.workspace))) {}
 
     void run() {
-        T* residual = static_cast<T*>(s_.x);
+        embed_rows();
+        T* residual = b_.residual;
         const T* delta = nullptr;  // the first layer's stream is the embedding alone
         for (int64_t i = 0; i < m_.num_layers; i++) {
             const Layer& layer = m_.layers[i];
@@ -135,6 +143,19 @@ class StepRunner {
     }
 
    private:
+    // Each row's token embedding (widened, as F.embedding(...).to(dtype)) and rotary rows.
+    void embed_rows() {
+        const int64_t hidden = m_.hidden, head_dim = m_.head_dim;
+        const T* cos = static_cast<const T*>(m_.rope_cos);
+        const T* sin = static_cast<const T*>(m_.rope_sin);
+        for (int64_t r = 0; r < s_.rows; r++) {
+            const BFloat16* row = m_.embed + s_.token_ids[r] * hidden;
+            for (int64_t j = 0; j < hidden; j++) store(b_.residual + r * hidden + j, load(row[j]));
+            std::copy_n(cos + s_.positions[r] * head_dim, head_dim, b_.cos + r * head_dim);
+            std::copy_n(sin + s_.positions[r] * head_dim, head_dim, b_.sin + r * head_dim);
+        }
+    }
+
     // residual += delta (none: as it is), out = RMSNorm(residual) * weight.
     void norm(const T* delta, T* residual, const void* weight, T* out) {
         using Fn = void (*)(const T*, T*, const T*, T*, int64_t, int64_t, float, int);
@@ -178,7 +199,7 @@ class StepRunner {
         using Rotary = void (*)(T*, int64_t, const T*, const T*, int64_t, int64_t, int64_t, int64_t, T*, T*, int64_t,
                                 const int64_t*, const int64_t*, int);
         reinterpret_cast<Rotary>(m_.kernels.rotary_store_kv)(
-            b_.qkv, width, static_cast<const T*>(s_.cos), static_cast<const T*>(s_.sin), s_.rows, m_.num_heads,
+            b_.qkv, width, b_.cos, b_.sin, s_.rows, m_.num_heads,
             m_.num_kv_heads, m_.head_dim, k_cache, v_cache, m_.block_stride, s_.slot_blocks, s_.slot_offsets, threads_);
         using Attention = void (*)(const T*, int64_t, const T*, const T*, int64_t, const int64_t*, int64_t,
                                    const int64_t*, int64_t, int64_t, int64_t, int64_t, int64_t, float, T*, int);

@@ -55,27 +55,40 @@ struct UpcomingRow {
     }
 };
 
+// Each token's offset in the cache (K's and V's alike) for a span: computed once a span, so the
+// phases' loops over tokens do no division (an integer division a token and pass had been a
+// third of a short row's time).
+void token_offsets(const int64_t* table, int64_t length, int64_t block_size, int64_t block_stride,
+                   int64_t token_stride, std::vector<int64_t>& offsets) {
+    offsets.resize(length);
+    for (int64_t l = 0, block = 0; l < length; block++)
+        for (int64_t t = 0; t < block_size && l < length; t++, l++) offsets[l] = table[block] * block_stride + t * token_stride;
+}
+
 // Where one span's tokens lie in the cache, and the shapes every phase needs.
 template <typename T>
 struct RowCache {
     const T* cache;  // k_cache or v_cache
     int64_t block_stride, block_size, token_stride;
-    const int64_t* table;  // the span's blocks: its row's block table from the span's first block
-    int64_t length;        // its tokens
+    const int64_t* table;    // the span's blocks: its row's block table from the span's first block
+    const int64_t* offsets;  // [length] each token's, from token_offsets
+    int64_t length;          // its tokens
     int64_t num_heads, num_kv_heads, head_dim;
     UpcomingRow<T>* upcoming;  // the span this thread takes next (nothing to fetch after its last)
+    mutable int64_t next_block_start = 0;  // prefetch_ahead's cursor: the tokens come in order
 
-    const T* token(int64_t l) const { return cache + table[l / block_size] * block_stride + (l % block_size) * token_stride; }
+    const T* token(int64_t l) const { return cache + offsets[l]; }
 
     // At the first token of each block, ask for the block two ahead (the first two at the start).
     void prefetch_ahead(int64_t l) const {
         upcoming->fetch();
-        const int64_t bytes = block_size * token_stride * int64_t(sizeof(T));
+        if (l != next_block_start) return;
+        const int64_t bytes = block_size * token_stride * int64_t(sizeof(T)), block = l / block_size;
         if (l == 0)
             for (int64_t ahead = 0; ahead < 2 && ahead * block_size < length; ahead++)
                 prefetch_lines(cache + table[ahead] * block_stride, bytes);
-        if (l % block_size == 0 && l + 2 * block_size < length)
-            prefetch_lines(cache + table[l / block_size + 2] * block_stride, bytes);
+        if (l + 2 * block_size < length) prefetch_lines(cache + table[block + 2] * block_stride, bytes);
+        next_block_start += block_size;
     }
 };
 
@@ -302,10 +315,14 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
     for (int64_t b = 0; b < rows; b++)  // rows of no context: zeros, as softmax over nothing is taken to be
         if (context_lens[b] == 0)
             for (int64_t d = 0; d < width; d++) store(out + b * width + d, 0.0f);
-#pragma omp parallel num_threads(num_threads)
+    // One span (one short chat) stays on this thread: waking the others for nothing costs more.
+#pragma omp parallel num_threads(count > 1 ? num_threads : 1)
     {
-        std::vector<float> queries(width), sums(width), highest(num_heads), total(num_heads);
-        std::vector<float> scores(num_heads * std::min(span_tokens, max_blocks * block_size));
+        // Kept between calls (each OpenMP thread its own); every element is written before it is read.
+        thread_local std::vector<float> queries, sums, highest, total, scores;
+        thread_local std::vector<int64_t> offsets;
+        queries.resize(width), sums.resize(width), highest.resize(num_heads), total.resize(num_heads);
+        scores.resize(num_heads * std::min(span_tokens, max_blocks * block_size));
         // Each thread takes a contiguous share of the spans, so it knows which one comes next.
         const auto [begin, end] = thread_share(count, omp_get_thread_num(), omp_get_num_threads());
         const int64_t block_bytes = block_size * token_stride * int64_t(sizeof(T));
@@ -321,7 +338,8 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
                 upcoming.lines_per_token = (2 * upcoming.num_blocks * upcoming.lines_per_block + 2 * length - 1) / (2 * length);
             }
             for (int64_t d = 0; d < width; d++) queries[d] = load(q[span.row * q_row_stride + d]) * scale;
-            const RowCache<T> keys{k_cache, block_stride, block_size, token_stride, table, length,
+            token_offsets(table, length, block_size, block_stride, token_stride, offsets);
+            const RowCache<T> keys{k_cache, block_stride, block_size, token_stride, table, offsets.data(), length,
                                    num_heads, num_kv_heads, head_dim, &upcoming};
             phases.score(keys, queries.data(), scores.data());
             exponentiate(scores.data(), num_heads, length, highest.data(), total.data());
@@ -333,7 +351,7 @@ void paged_decode_attention(const T* q, int64_t q_row_stride, const T* k_cache, 
                     for (int64_t l = 0; l < length; l++) row[l] *= inverse;
                 }
             RowCache<T> values = keys;
-            values.cache = v_cache;
+            values.cache = v_cache, values.next_block_start = 0;
             phases.sum(values, scores.data(), whole_row ? sums.data() : partial_sums.data() + n * width);
             if (whole_row) {
                 for (int64_t d = 0; d < width; d++) store(out + span.row * width + d, sums[d]);

@@ -8,7 +8,7 @@ import os
 # time this way on a Zen 3 (docs/benchmarks.md). THP_MEM_ALLOC_ENABLE=0 keeps 4 KB pages.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams  # noqa: E402
-from loraserve.llm import LLM  # noqa: E402
+from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
+from loraserve.llm import LLM
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]

@@ -122,6 +122,7 @@ class ModelRunner:
         """Forward and sample the batch; its block copies must be done (`copy_blocks`)."""
         masks = self.token_masks.start(batch.sampling_rows)  # computed while the forward pass runs
         hidden, order = None, batch.decodes
+        logits_index: torch.Tensor | None = None  # the rows of `hidden` to sample, in order; None: all of them
         if self.decode_graphs is not None and not batch.prefills:
             # Rows of one adapter side by side: the LoRA kernels' programs that read its weights
             # then run together, and all but the first find them in L2.
@@ -132,13 +133,15 @@ class ModelRunner:
         if hidden is not None:
             row_of = {id(item): row for row, item in enumerate(order)}
             samplers = [row_of[id(item)] for item in batch.decodes for _ in item.samplers]
-            logits_index = torch.tensor(samplers, dtype=torch.long, device=self.device)
+            if samplers != list(range(hidden.shape[0])):  # most decode steps sample each row once, in order
+                logits_index = torch.tensor(samplers, dtype=torch.long, device=self.device)
         else:
             inputs = self.prepare_inputs(batch)
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.attention, self.pool.kv_caches, inputs.lora)
             logits_index = inputs.logits_index
         self.faults.check(batch)
-        logits = self.model.lm_head(hidden.index_select(0, logits_index)).float()  # [S, vocab] float32
+        sampled_rows = hidden if logits_index is None else hidden.index_select(0, logits_index)
+        logits = self.model.lm_head(sampled_rows).float()  # [S, vocab] float32
         return self.sampler(logits, batch.sampling_rows, None if masks is None else masks.result())
 
     def _run_native(self, rows: DecodeRows) -> torch.Tensor | None:

@@ -115,6 +115,7 @@ class CpuDecodeStep:
         self._run.restype, self._run.argtypes = None, [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
         self._workspace = library.decode_step_workspace
         self._workspace.restype, self._workspace.argtypes = _I, [ctypes.POINTER(_Model), _I]
+        self._scratch = torch.empty(0, dtype=model.dtype)  # the step's workspace
 
     def __call__(
         self,
@@ -141,12 +142,15 @@ class CpuDecodeStep:
             ),
             dtype=np.int64, count=rows * (5 + max_blocks),
         )  # fmt: skip
-        at = [integers.ctypes.data + part * rows * integers.itemsize for part in range(6)]
-        workspace = torch.empty(self._workspace(ctypes.byref(self._plan), rows), dtype=model.dtype)
+        first = integers.ctypes.data
+        at = [first + part * rows * integers.itemsize for part in range(6)]
+        needed = self._workspace(ctypes.byref(self._plan), rows)
+        if self._scratch.numel() < needed:  # kept between steps: the largest batch's
+            self._scratch = torch.empty(needed, dtype=model.dtype)
         out = torch.empty(rows, model.spec.hidden_size, dtype=model.dtype)
         step = _Step(
             rows, at[0], at[1], at[2], at[3], at[5], max_blocks, at[4], lora.order.data_ptr() if lora else None,
-            lora.chunks.data_ptr() if lora else None, lora.chunks.shape[0] if lora else 0, workspace.data_ptr(),
+            lora.chunks.data_ptr() if lora else None, lora.chunks.shape[0] if lora else 0, self._scratch.data_ptr(),
             out.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         self._run(ctypes.byref(self._plan), ctypes.byref(step))

@@ -62,7 +62,8 @@ void token_offsets(const int64_t* table, int64_t length, int64_t block_size, int
                    int64_t token_stride, std::vector<int64_t>& offsets) {
     offsets.resize(length);
     for (int64_t l = 0, block = 0; l < length; block++)
-        for (int64_t t = 0; t < block_size && l < length; t++, l++) offsets[l] = table[block] * block_stride + t * token_stride;
+        for (int64_t t = 0; t < block_size && l < length; t++, l++)
+            offsets[l] = table[block] * block_stride + t * token_stride;
 }
 
 // Where one span's tokens lie in the cache, and the shapes every phase needs.

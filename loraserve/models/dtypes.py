@@ -83,8 +83,8 @@ def resolve_weights(name: str, dtype_setting: str, dtype: torch.dtype, device: s
         raise ConfigError("--weights", f"{name} weights with {compute} compute: the weights may not be wider")
     if dtype not in (torch.float32, torch.bfloat16):  # the kernel's rows (cpu_linear.py)
         raise ConfigError("--weights", f"{name} weights need float32 or bfloat16 compute, not {compute}")
+    if name == BFLOAT16_DOT and dtype == torch.bfloat16:
+        return "bfloat16"  # bfloat16 rows: the kernel's products for bfloat16 weights, whatever the CPU
     if name == BFLOAT16_DOT and not cpu_has_bf16_dot_products():
         raise ConfigError("--weights", f"{name} needs a CPU with bfloat16 dot products (AVX512-BF16); use bfloat16")
-    if name == BFLOAT16_DOT and dtype == torch.bfloat16:
-        return "bfloat16"  # bfloat16 rows: every bfloat16 weight is multiplied by dot products
     return name

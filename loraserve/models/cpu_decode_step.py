@@ -128,11 +128,8 @@ class CpuDecodeStep:
         lora: RowChunks | None,  # None: no row uses an adapter
     ) -> torch.Tensor:  # [rows, hidden] after the final norm, as the model's forward returns it
         model, rows = self._model, len(input_ids)
-        # The native step reads these rows unchecked.
-        if min(input_ids) < 0 or max(input_ids) >= model.embed_tokens.shape[0]:
-            raise IndexError(f"a token id is outside the vocabulary of {model.embed_tokens.shape[0]}")
-        if min(positions) < 0 or max(positions) >= model.rope.cos.shape[0]:
-            raise IndexError(f"a position is outside the rotary table of {model.rope.cos.shape[0]}")
+        _check_rows(input_ids, model.embed_tokens.shape[0], "token id", "vocabulary")  # read unchecked natively
+        _check_rows(positions, model.rope.cos.shape[0], "position", "rotary table")
         max_blocks = max(len(table) for table in block_tables)
         # Every integer of the step in one array (numpy: ~1 us, where each torch.tensor of a list took ~7).
         integers = np.fromiter(
@@ -155,6 +152,11 @@ class CpuDecodeStep:
         )  # fmt: skip
         self._run(ctypes.byref(self._plan), ctypes.byref(step))
         return out
+
+
+def _check_rows(values: list[int], rows: int, what: str, table: str) -> None:
+    if min(values) < 0 or max(values) >= rows:
+        raise IndexError(f"a {what} is outside the {table} of {rows}")
 
 
 def plan_decode_step(

@@ -1,0 +1,76 @@
+"""The base-model matmuls of one decode step on the CPU kernel (linear_cpu.cpp), per weights mode and row count.
+
+The default model's four layer shapes (qkv, o, gate_up, down) times its 30 layers, random weights,
+x of `rows` rows: ms for the 120 matmuls, best and median of --repeats, the modes (and, with
+--against, another version of the kernel's source) taking turns in one process, so that a VM's
+drift moves them alike.
+
+    python -m benchmarks.cpu_matmuls --rows 1 32 512
+    python -m benchmarks.cpu_matmuls --against /tmp/old_linear_cpu.cpp   # this source against another
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from loraserve.config import default_cache_dir
+from loraserve.models.cpu_linear import SOURCE, LinearKernel, NarrowMatmul, quantize_int8
+from loraserve.models.dtypes import BFLOAT16_DOT
+from sgmv_kernels.build import load_library
+
+HIDDEN, INTERMEDIATE, KV, LAYERS = 576, 1536, 192, 30
+SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)] * LAYERS
+
+
+def kernel_from(source: Path) -> LinearKernel:
+    library = load_library(source, default_cache_dir() / "kernels", f"{source} does not build")
+    if library is None:
+        raise SystemExit(f"{source} did not build (the warning above says why)")
+    return LinearKernel(library)
+
+
+def step_matmuls(kernel: LinearKernel, weights: list[torch.Tensor], mode: str) -> list[Callable]:
+    if mode == "int8":
+        packed = [kernel.pack_int8(quantize_int8(w)) for w in weights]
+        return [lambda x, p=p: kernel.int8_weights(x, p) for p in packed]
+    return [NarrowMatmul(kernel, w, mode, torch.float32) for w in weights]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--repeats", type=int, default=12)
+    parser.add_argument("--against", type=Path, help="another linear_cpu.cpp, timed in turn with this one")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    weights = [torch.randn(n, k) * 0.05 for n, k in SHAPES]
+    sources = {"this": SOURCE} | ({"against": args.against} if args.against else {})
+    runs: dict[str, list[Callable]] = {}
+    for label, source in sources.items():
+        kernel = kernel_from(source)
+        modes = ["int8", BFLOAT16_DOT if kernel.bfloat16_dot_products else "bfloat16"]
+        for mode in modes:
+            runs[f"{mode} ({label})" if args.against else mode] = step_matmuls(kernel, weights, mode)
+    print(f"the {len(SHAPES)} layer matmuls of a decode step, ms (best / median of {args.repeats}), "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
+    for rows in args.rows:
+        xs = {k: torch.randn(rows, k) for k in (HIDDEN, INTERMEDIATE)}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.repeats):
+            for name, matmuls in runs.items():
+                start = time.perf_counter()
+                for matmul, (_, k) in zip(matmuls, SHAPES, strict=True):
+                    matmul(xs[k])
+                times[name].append((time.perf_counter() - start) * 1e3)
+        cells = [f"{name} {min(t):.2f} / {statistics.median(t):.2f}" for name, t in times.items()]
+        print(f"{rows} rows: " + ", ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -125,16 +125,8 @@ void dispatch(int rows, int panels, Args&&... args) {
 // ---- bfloat16 weights: panels [n / kLanes][k][kLanes] ----------------------------------------
 
 constexpr int kBf16Rows = 6;
-// Panels a tile of `rows` rows can take: its sums, the panels' vectors and one broadcast x fit.
+// Panels a tile of `rows` rows takes: its sums, the panels' vectors and one broadcast x fit.
 constexpr int bf16_panels_for(int rows) { return rows <= 2 || kRegisters >= 32 ? 4 : 2; }
-// Panels a tile takes in a matmul of `rows` rows; its row tiles all fit them (none rises with rows).
-// Few rows are bound by the weights' reads, which go best as few streams a thread: on a Zen 5, the
-// 120 layer matmuls of one row 4.80 -> 4.63 ms (bfloat16 dot products) with 2 panels instead of 4.
-// On a Zen 3 (16 registers) 4 panels were best for 1-2 rows.
-int bf16_group(int64_t rows) {
-    const int tile_rows = rows < kBf16Rows ? int(rows) : kBf16Rows;
-    return kRegisters >= 32 && tile_rows <= 4 ? 2 : bf16_panels_for(tile_rows);
-}
 
 int64_t bf16_panel_count(int64_t n) { return (n + kLanes - 1) / kLanes; }
 
@@ -168,7 +160,7 @@ template <typename X>
 void linear_bf16(const X* x, int64_t rows, int64_t k, const BFloat16* packed, int64_t n, X* y, int num_threads) {
     std::vector<float> scratch;
     const float* xs = float_rows(x, rows, k, scratch);
-    const int group = bf16_group(rows);
+    const int group = bf16_panels_for(rows < kBf16Rows ? int(rows) : kBf16Rows);  // fits every row tile
     over_panels(rows, bf16_panel_count(n), kBf16Rows, group, num_threads,
                 [&](int tile_rows, int panels, int64_t row, int64_t panel, int64_t spacing) {
                     dispatch<Bf16Tile>(tile_rows, panels, xs + row * k, k, packed + panel * k * kLanes, spacing,
@@ -248,7 +240,7 @@ void linear_bf16_dot(const X* x, int64_t rows, int64_t k, const BFloat16* packed
     std::vector<BFloat16> scratch;
     const Pair* xs = pair_rows(x, rows, k, scratch);
     const int64_t pairs = bf16_pairs(k);
-    const int group = bf16_group(rows);
+    const int group = bf16_panels_for(rows < kBf16Rows ? int(rows) : kBf16Rows);
     over_panels(rows, bf16_panel_count(n), kBf16Rows, group, num_threads,
                 [&](int tile_rows, int panels, int64_t row, int64_t panel, int64_t spacing) {
                     dispatch<Bf16DotTile>(tile_rows, panels, xs + row * pairs, pairs,
@@ -295,8 +287,9 @@ constexpr int kUnrolledRows = 2;  // measured: unrolled, a decode row's block ru
 constexpr int kInt8Rows = 6;
 constexpr int kUnrolledRows = kInt8Rows;
 #endif
-// Two panels a tile whatever its rows: one row's reads as fewer streams (on a Zen 5, the 120 layer
-// matmuls of one row 3.35 -> 3.10 ms against 4 panels; the scales' prefetch below took it to 3.03).
+// Two panels a tile whatever its rows, so one row's reads are fewer streams a thread, and the scales
+// prefetched: on a Zen 5, the 120 layer matmuls of one row 3.38 -> 2.93 ms (4 panels before; best of
+// 20, benchmarks/cpu_matmuls.py). bfloat16 tiles of 2 panels for one row gained 0-2%: left at 4.
 constexpr int kInt8Panels = 2;
 // The scales and minimums are streams of their own, each a sixteenth of the values' bytes: prefetched too.
 constexpr int kScaleLineBlocks = 64 / (sizeof(uint16_t) * kInt8Lanes);  // blocks whose scales a cache line holds

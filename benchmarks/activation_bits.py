@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.quality import TEXT
+from benchmarks.quality import TEXT, compare
 from loraserve.config import default_cache_dir
 from loraserve.models.cpu_linear import BLOCK, quantize_int8
 from loraserve.models.default_model import default_model_dir
@@ -104,9 +104,8 @@ class Emulation:
         finally:
             for hook in hooks:
                 hook.remove()
-        kl = (self.reference.exp() * (self.reference - ours)).sum(-1).mean().item()
-        same = (self.reference.argmax(-1) == ours.argmax(-1)).float().mean().item() * 100
-        return kl, same
+        quality = compare(ours, self.reference, self.scored[0, 1:].tolist())
+        return quality.mean_kl, quality.same_top * 100
 
     def by_kind(self, narrow_kinds: tuple[str, ...]) -> dict[str, torch.Tensor]:
         return {

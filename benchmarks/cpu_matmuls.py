@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from loraserve.config import default_cache_dir
-from loraserve.models.cpu_linear import SOURCE, LinearKernel, NarrowMatmul, quantize_int8
+from loraserve.models.cpu_linear import SOURCE, LinearKernel, NarrowMatmul
 from loraserve.models.dtypes import BFLOAT16_DOT
 from sgmv_kernels.build import load_library
 
@@ -35,13 +34,6 @@ def kernel_from(source: Path) -> LinearKernel:
     return LinearKernel(library)
 
 
-def step_matmuls(kernel: LinearKernel, weights: list[torch.Tensor], mode: str) -> list[Callable]:
-    if mode == "int8":
-        packed = [kernel.pack_int8(quantize_int8(w)) for w in weights]
-        return [lambda x, p=p: kernel.int8_weights(x, p) for p in packed]
-    return [NarrowMatmul(kernel, w, mode, torch.float32) for w in weights]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -51,12 +43,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     weights = [torch.randn(n, k) * 0.05 for n, k in SHAPES]
     sources = {"this": SOURCE} | ({"against": args.against} if args.against else {})
-    runs: dict[str, list[Callable]] = {}
+    runs: dict[str, list[NarrowMatmul]] = {}
     for label, source in sources.items():
         kernel = kernel_from(source)
         modes = ["int8", BFLOAT16_DOT if kernel.bfloat16_dot_products else "bfloat16"]
         for mode in modes:
-            runs[f"{mode} ({label})" if args.against else mode] = step_matmuls(kernel, weights, mode)
+            runs[f"{mode} ({label})" if args.against else mode] = [
+                NarrowMatmul(kernel, w, mode, torch.float32) for w in weights
+            ]
     print(f"the {len(SHAPES)} layer matmuls of a decode step, ms (best / median of {args.repeats}), "
           f"{torch.get_num_threads()} threads")  # fmt: skip
     for rows in args.rows:

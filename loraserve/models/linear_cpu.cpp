@@ -288,7 +288,7 @@ constexpr int kInt8Rows = 6;
 constexpr int kUnrolledRows = kInt8Rows;
 #endif
 // Two panels a tile whatever its rows, so one row's reads are fewer streams a thread, and the scales
-// prefetched: on a Zen 5, the 120 layer matmuls of one row 3.38 -> 2.93 ms (4 panels before; best of
+// prefetched: on a Zen 5, the 120 layer matmuls of one row 3.44 -> 2.87 ms (4 panels before; best of
 // 20, benchmarks/cpu_matmuls.py). bfloat16 tiles of 2 panels for one row gained 0-2%: left at 4.
 constexpr int kInt8Panels = 2;
 // The scales and minimums are streams of their own, each a sixteenth of the values' bytes: prefetched too.

@@ -23,7 +23,12 @@
 // multiplies PANELS such vectors by ROWS broadcast activations, as a GEMM micro-kernel does, with
 // no horizontal sums; a group of panels stays in cache while every row tile of x passes over it,
 // so a step streams each weight once whatever the batch. Threads take contiguous shares of the
-// panels. Built by cpu_linear.py with the host compiler, no torch headers.
+// panels.
+//
+// On a CPU with AMX, batches run in its tiles instead (tdpbf16ps: 16 rows by 32 k by 16 outputs an
+// instruction), whose weight tiles are 16 pairs of the bfloat16 dot products' panels as they lie;
+// int8 blocks are widened to such tiles a block ahead of the products. Built by cpu_linear.py with
+// the host compiler, no torch headers.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -32,6 +37,10 @@
 #include <vector>
 
 #include <omp.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "cpu_vectors.h"
 #if defined(__x86_64__)
@@ -94,10 +103,18 @@ inline void store_tile(const Sums (&acc)[ROWS][PANELS], Y* y, int64_t n, int64_t
 // (adjacent panels are short streams, each restarting the hardware prefetcher: one chat's decode
 // step took 16% longer that way on a Zen 3). Each tile's panels pass under every row tile of at
 // most `max_rows` rows before the next, so they are read from memory once whatever the batch.
-template <typename Tile>
-void over_panels(int64_t rows, int64_t panel_total, int max_rows, int group, int num_threads, Tile tile) {
+// `threads` begins each thread's work and ends it (AMX tiles are configured a thread).
+struct NoThreadState {
+    void begin() const {}
+    void end() const {}
+};
+
+template <typename Tile, typename ThreadState = NoThreadState>
+void over_panels(int64_t rows, int64_t panel_total, int max_rows, int group, int num_threads, Tile tile,
+                 ThreadState threads = {}) {
 #pragma omp parallel num_threads(num_threads)
     {
+        threads.begin();
         const auto [begin, end] = thread_share(panel_total, omp_get_thread_num(), omp_get_num_threads());
         const int64_t count = end - begin, spacing = (count + group - 1) / group;
         for (int64_t first = 0; first < spacing; first++) {
@@ -105,6 +122,7 @@ void over_panels(int64_t rows, int64_t panel_total, int max_rows, int group, int
             for (int64_t row = 0; row < rows; row += max_rows)
                 tile(rows - row < max_rows ? int(rows - row) : max_rows, panels, row, begin + first, spacing);
         }
+        threads.end();
     }
 }
 
@@ -184,7 +202,14 @@ void pack_bf16(const BFloat16* w, int64_t n, int64_t k, BFloat16* packed) {
 #if defined(__AVX512BF16__)
 #define BF16_DOT 1
 
-int64_t bf16_pairs(int64_t k) { return (k + 1) / 2; }  // an odd K's last pair has a zero
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define AMX_TILES 1
+constexpr int kTilePairs = 16;  // pairs along K of an AMX tile row: 32 k, an int8 block
+#else
+constexpr int kTilePairs = 1;
+#endif
+// Pairs a row of K: an odd K's last pair has a zero, and with AMX whole tiles' worth (zeros past K).
+int64_t bf16_pairs(int64_t k) { return (k + 2 * kTilePairs - 1) / (2 * kTilePairs) * kTilePairs; }
 typedef uint32_t Pair __attribute__((may_alias));  // two bfloat16 read as one word
 
 // One row of x into `target`, as bfloat16: copied, or rounded (nearest even, as torch rounds).
@@ -198,12 +223,15 @@ inline void bfloat16_row(const float* source, int64_t k, BFloat16* target) {
 }
 
 // x's rows as pairs along K, one 32-bit word each, bf16_pairs(k) a row: x itself where it is
-// bfloat16 and K is even, else its rows in bfloat16 in `scratch` (an odd K's last pair padded).
+// bfloat16 and its rows are whole pairs, else its rows in bfloat16 in `scratch`, the pairs past K
+// zeros and rows of zeros after them up to `padded_rows` (AMX tiles take whole tiles of rows).
 template <typename X>
-const Pair* pair_rows(const X* x, int64_t rows, int64_t k, std::vector<BFloat16>& scratch) {
-    if (std::is_same_v<X, BFloat16> && k % 2 == 0) return reinterpret_cast<const Pair*>(x);
+const Pair* pair_rows(const X* x, int64_t rows, int64_t k, std::vector<BFloat16>& scratch,
+                      int64_t padded_rows = 0) {
     const int64_t row_elements = 2 * bf16_pairs(k);
-    scratch.assign(rows * row_elements, BFloat16{0});
+    if (std::is_same_v<X, BFloat16> && k == row_elements && padded_rows <= rows)
+        return reinterpret_cast<const Pair*>(x);
+    scratch.assign(std::max(rows, padded_rows) * row_elements, BFloat16{0});
     for (int64_t row = 0; row < rows; row++) bfloat16_row(x + row * k, k, &scratch[row * row_elements]);
     return reinterpret_cast<const Pair*>(scratch.data());
 }
@@ -235,8 +263,144 @@ struct Bf16DotTile {
     }
 };
 
+#if defined(AMX_TILES)
+// ---- AMX tiles: tdpbf16ps multiplies 16 rows by 32 k of x (pairs along K) and 32 k by 16 outputs
+// of a weight tile, adding to 16 x 16 float32 sums: 16 times vdpbf16ps's products an instruction.
+// The panels of pairs are the weight tiles' layout already: 16 pairs of a panel (64 bytes each)
+// are a tile. Tiles: sums 0-3 (row tile r by panel j: 2r + j), x 4-5, weights 6-7.
+
+constexpr int kTileRows = 16;
+// Rows from which tiles beat the vector tiles: measured on a Xeon with AMX, the 120 layer matmuls of
+// the default model's decode step with bfloat16 rows (benchmarks/cpu_matmuls.py --activations
+// bfloat16, tiles against none, best of 10): bfloat16 8 rows 11.2 -> 9.5 ms, 6 rows even; int8 16
+// rows 11.2 -> 8.4, 12 rows even (its widening costs the tiles a fixed share); and 32 rows bfloat16
+// 34.3 -> 10.4, int8 18.4 -> 9.1 (oneDNN's AMX matmul 14.9), 64 rows 64.8 -> 15.8 and 32.6 -> 13.7.
+constexpr int64_t kBf16TileRowsFrom = 8, kInt8TileRowsFrom = 16;
+constexpr int64_t kTilePrefetchAhead = 2048;  // bytes ahead in each panel
+
+int64_t whole_tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows * kTileRows; }
+
+// A prompt's rows in blocks, each block's x staying in the L2 cache while every panel passes under
+// it (one pass over all the rows reread x from memory a panel: 2048 rows 2x slower than oneDNN).
+constexpr int64_t kTileRowBlock = 256;
+
+template <typename Block>
+void over_row_blocks(int64_t rows, Block block) {
+    for (int64_t row = 0; row < rows; row += kTileRowBlock) block(row, std::min(kTileRowBlock, rows - row));
+}
+
+// Linux lends a process the tiles' state only once it asks (arch_prctl); refused, vdpbf16ps serves.
+bool tiles_permitted() {
+    constexpr int kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    static const bool permitted = syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+    return permitted;
+}
+
+struct TileThreads {  // each thread configures its tiles before its first and releases them after its last
+    void begin() const {
+        struct {
+            uint8_t palette, start_row, reserved[14];
+            uint16_t bytes[16];
+            uint8_t rows[16];
+        } config{};
+        config.palette = 1;
+        for (int t = 0; t < 8; t++) config.bytes[t] = 64, config.rows[t] = kTileRows;
+        _tile_loadconfig(&config);
+    }
+    void end() const { _tile_release(); }
+};
+
+// Weight tiles read as they are (bfloat16 panels); int8 panels are widened into them first (below).
+struct PanelsAsTheyAre {
+    void operator()(int64_t) const {}
+};
+
+// ROW_TILES tiles of x's rows (`pairs` words a row) by PANELS panels `panel_elements` apart, into
+// out[ROW_TILES][2][kTileRows][kLanes]. `ready(h)` makes the weight tiles at pair h: called a step
+// ahead of the tiles that read them, so that its vector work overlaps their products.
+template <int ROW_TILES, int PANELS, typename Ready>
+void tile_sums(const Pair* x, int64_t pairs, const BFloat16* panel, int64_t panel_elements, float* out,
+               Ready ready) {
+    constexpr int kTile = kTileRows * kLanes;
+    const int64_t x_stride = pairs * sizeof(Pair);
+    _tile_zero(0);
+    if constexpr (PANELS > 1) _tile_zero(1);
+    if constexpr (ROW_TILES > 1) _tile_zero(2);
+    if constexpr (ROW_TILES > 1 && PANELS > 1) _tile_zero(3);
+    ready(0);
+    for (int64_t h = 0; h < pairs; h += kTilePairs) {
+        const BFloat16* weights = panel + h * 2 * kLanes;
+        for (int j = 0; j < PANELS; j++)
+            prefetch_lines(weights + j * panel_elements + kTilePrefetchAhead / sizeof(BFloat16), 64 * kTilePairs);
+        _tile_loadd(4, x + h, x_stride);
+        _tile_loadd(6, weights, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (PANELS > 1) {
+            _tile_loadd(7, weights + panel_elements, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if constexpr (ROW_TILES > 1) {
+            _tile_loadd(5, x + kTileRows * pairs + h, x_stride);
+            _tile_dpbf16ps(2, 5, 6);
+        }
+        if constexpr (ROW_TILES > 1 && PANELS > 1) _tile_dpbf16ps(3, 5, 7);
+        if (h + kTilePairs < pairs) ready(h + kTilePairs);
+    }
+    _tile_stored(0, out, 64);
+    if constexpr (PANELS > 1) _tile_stored(1, out + kTile, 64);
+    if constexpr (ROW_TILES > 1) _tile_stored(2, out + 2 * kTile, 64);
+    if constexpr (ROW_TILES > 1 && PANELS > 1) _tile_stored(3, out + 3 * kTile, 64);
+}
+
+// x's `rows` (pairs along K, zero rows after them to whole tiles) by `panels` panels from `panel`,
+// `panel_elements` apart, into y's outputs from first_output, `spacing` panels apart. The first
+// pass over the panels calls ready(h) (tile_sums); the later ones find the tiles made.
+template <typename Y, typename Ready = PanelsAsTheyAre>
+void tile_panels(const Pair* x, int64_t rows, int64_t pairs, const BFloat16* panel, int panels,
+                 int64_t panel_elements, Y* y, int64_t n, int64_t first_output, int64_t spacing, Ready ready = {}) {
+    alignas(64) float out[2][2][kTileRows][kLanes];
+    for (int64_t row = 0; row < rows; row += 2 * kTileRows) {
+        const int row_tiles = rows - row > kTileRows ? 2 : 1;
+        const auto first_pass = [&](int64_t h) {
+            if (row == 0) ready(h);
+        };
+        const Pair* xs = x + row * pairs;
+        float* sums = &out[0][0][0][0];
+        if (row_tiles == 2 && panels > 1) tile_sums<2, 2>(xs, pairs, panel, panel_elements, sums, first_pass);
+        else if (row_tiles == 2) tile_sums<2, 1>(xs, pairs, panel, panel_elements, sums, first_pass);
+        else if (panels > 1) tile_sums<1, 2>(xs, pairs, panel, panel_elements, sums, first_pass);
+        else tile_sums<1, 1>(xs, pairs, panel, panel_elements, sums, first_pass);
+        for (int r = 0; r < row_tiles; r++)
+            for (int i = 0; i < kTileRows && row + r * kTileRows + i < rows; i++)
+                for (int j = 0; j < panels; j++)
+                    store_panel(out[r][j][i], kLanes, y + (row + r * kTileRows + i) * n, n,
+                                first_output + j * spacing * kLanes);
+    }
+}
+
+template <typename X>
+void linear_bf16_tiles(const X* x, int64_t rows, int64_t k, const BFloat16* packed, int64_t n, X* y,
+                       int num_threads) {
+    std::vector<BFloat16> scratch;
+    const int64_t pairs = bf16_pairs(k), panel_elements = pairs * 2 * kLanes;
+    const Pair* xs = pair_rows(x, rows, k, scratch, whole_tiles(rows));
+    over_row_blocks(rows, [&](int64_t row, int64_t block_rows) {
+        over_panels(
+            block_rows, bf16_panel_count(n), int(block_rows), 2, num_threads,
+            [&](int, int panels, int64_t, int64_t panel, int64_t spacing) {
+                tile_panels(xs + row * pairs, block_rows, pairs, packed + panel * panel_elements, panels,
+                            spacing * panel_elements, y + row * n, n, panel * kLanes, spacing);
+            },
+            TileThreads{});
+    });
+}
+#endif
+
 template <typename X>
 void linear_bf16_dot(const X* x, int64_t rows, int64_t k, const BFloat16* packed, int64_t n, X* y, int num_threads) {
+#if defined(AMX_TILES)
+    if (rows >= kBf16TileRowsFrom && tiles_permitted()) return linear_bf16_tiles(x, rows, k, packed, n, y, num_threads);
+#endif
     std::vector<BFloat16> scratch;
     const Pair* xs = pair_rows(x, rows, k, scratch);
     const int64_t pairs = bf16_pairs(k);
@@ -523,9 +687,72 @@ struct Int8Tile {
     }
 };
 
+#if defined(AMX_TILES)
+// An int8 panel's block as the weight tile of bfloat16 pairs it stands for: each weight's
+// scale * q + min in float32, rounded to bfloat16 (a rounding the vpdpwssd path has not, and x is
+// rounded to bfloat16 here, not to int16: the quality meter measures both).
+inline void widen_block(const uint8_t* values, const uint16_t* scales, const uint16_t* mins, BFloat16* tile) {
+    static_assert(kInt8Lanes == kLanes && kSteps == kTilePairs && kPerLane == 2);
+    // A panel row's 32 bytes: lanes 0-7's pairs, then lanes 8-15's; each lane's scale for both of its pair.
+    const __m512i first_lanes = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i second_lanes = _mm512_add_epi32(first_lanes, _mm512_set1_epi32(8));
+    prefetch_lines(values + kPrefetchAhead, kSteps * kPerLane * kInt8Lanes);
+    const __m512 scale = half_floats(scales), low = half_floats(mins);
+    const __m512 scale_first = _mm512_permutexvar_ps(first_lanes, scale);
+    const __m512 scale_second = _mm512_permutexvar_ps(second_lanes, scale);
+    const __m512 min_first = _mm512_permutexvar_ps(first_lanes, low);
+    const __m512 min_second = _mm512_permutexvar_ps(second_lanes, low);
+    for (int step = 0; step < kSteps; step++) {
+        const __m128i* row = reinterpret_cast<const __m128i*>(values + step * kPerLane * kInt8Lanes);
+        const __m512 first = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(row))),
+                                             scale_first, min_first);
+        const __m512 second = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(row + 1))),
+                                              scale_second, min_second);
+        _mm512_storeu_si512(tile + step * 2 * kLanes, (__m512i)_mm512_cvtne2ps_pbh(second, first));
+    }
+}
+
+// Each thread widens its tile's panels, a block a step ahead of the products, into panels of pairs
+// of its own, which every row tile reads.
+template <typename X>
+void linear_int8_tiles(const X* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
+                       const uint16_t* mins, int64_t n, X* y, int num_threads) {
+    std::vector<BFloat16> scratch;
+    const int64_t blocks = (k + kBlock - 1) / kBlock, pairs = bf16_pairs(k), panel_elements = pairs * 2 * kLanes;
+    const Pair* xs = pair_rows(x, rows, k, scratch, whole_tiles(rows));
+    over_row_blocks(rows, [&](int64_t row, int64_t block_rows) {
+        over_panels(
+            block_rows, int8_panel_count(n), int(block_rows), 2, num_threads,
+            [&](int, int panels, int64_t, int64_t panel, int64_t spacing) {
+            thread_local std::vector<BFloat16> widened;
+            widened.resize(2 * panel_elements);
+            const auto widen = [&](int64_t h) {
+                const int64_t b = h / kTilePairs;
+                for (int j = 0; j < panels; j++) {
+                    const int64_t at = ((panel + j * spacing) * blocks + b) * kInt8Lanes;
+                    if (b % kScaleLineBlocks == 0) {
+                        prefetch_line(reinterpret_cast<const char*>(scales + at) + kScalePrefetchAhead);
+                        prefetch_line(reinterpret_cast<const char*>(mins + at) + kScalePrefetchAhead);
+                    }
+                    widen_block(values + at * kBlock, scales + at, mins + at,
+                                widened.data() + j * panel_elements + h * 2 * kLanes);
+                }
+            };
+                tile_panels(xs + row * pairs, block_rows, pairs, widened.data(), panels, panel_elements, y + row * n, n,
+                            panel * kLanes, spacing, widen);
+            },
+            TileThreads{});
+    });
+}
+#endif
+
 template <typename X>
 void linear_int8(const X* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
                  const uint16_t* mins, int64_t n, X* y, int num_threads) {
+#if defined(AMX_TILES)
+    if (rows >= kInt8TileRowsFrom && tiles_permitted())
+        return linear_int8_tiles(x, rows, k, values, scales, mins, n, y, num_threads);
+#endif
     // Kept between calls: no allocation a matmul. Named through references, which the lambda
     // below captures: by its own name each OpenMP thread would reach its own, empty, copy.
     thread_local std::vector<float> kept_scratch;
@@ -616,6 +843,16 @@ void linear_int8_float32(const float* x, int64_t rows, int64_t k, const uint8_t*
 void linear_int8_bfloat16(const BFloat16* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
                           const uint16_t* mins, int64_t n, BFloat16* y, int threads) {
     linear_int8(x, rows, k, values, scales, mins, n, y, threads);
+}
+
+// The rows from which this build multiplies bfloat16 (int8: 0) or int8 weights in AMX tiles, or
+// 0 where it has none or Linux refuses it them.
+int64_t tile_rows_from(int int8) {
+#if defined(AMX_TILES)
+    if (tiles_permitted()) return int8 ? kInt8TileRowsFrom : kBf16TileRowsFrom;
+#endif
+    (void)int8;
+    return 0;
 }
 
 // The instructions this build uses for int8 dot products: what tests and logs report.

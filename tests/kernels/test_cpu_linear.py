@@ -1,6 +1,8 @@
 """The CPU matmuls with narrow weights (linear_cpu.cpp) against float64 torch references, for every
 decode row count 1..64 and odd shapes, in the build for this CPU and the AVX2 + FMA build
-(LORASERVE_CPU_MARCH=x86-64-v3), which an AVX-512 machine runs too, and the scalar paths (x86-64)."""
+(LORASERVE_CPU_MARCH=x86-64-v3), which an AVX-512 machine runs too, the scalar paths (x86-64), and
+on a CPU with AMX the AVX-512 build without it (cooperlake), whose vector tiles take every row count
+the AMX build gives to its tiles."""
 
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ from loraserve.models.cpu_linear import (
 CPU_FLAGS = next(
     (line.split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), []
 )
-MARCHES = ["native", *(["x86-64-v3"] if {"avx2", "fma", "f16c"} <= set(CPU_FLAGS) else [])]
+MARCHES = [
+    "native",
+    *(["x86-64-v3"] if {"avx2", "fma", "f16c"} <= set(CPU_FLAGS) else []),
+    *(["cooperlake"] if "amx_bf16" in CPU_FLAGS else []),
+]
 KERNEL_MARCHES = [*MARCHES, "x86-64"]  # and the scalar paths, for a CPU without AVX2
 SHAPES = [(576, 960), (1536, 576), (33, 7), (130, 70)]  # (in, out): the default model's, and odd ones
 ROWS = range(1, 65)
@@ -53,6 +59,19 @@ def int8_reference(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
     dots = torch.einsum("rbk,obk->rob", values, weights.values.view(weights.values.shape[0], -1, BLOCK).double())
     scaled = dots * scale.double().unsqueeze(1) * weights.scales.double().unsqueeze(0)
     return (scaled + weights.mins.double().unsqueeze(0) * blocks.double().sum(-1).unsqueeze(1)).sum(-1)
+
+
+def int8_tiles_reference(x: torch.Tensor, weights: Int8Weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """What AMX tiles compute for int8 weights: x and every weight (scale * q + min) rounded to bfloat16,
+    the products summed in float64; and the bound: float32 sums in any order, and a weight one
+    bfloat16 step off (the kernel's fused multiply-add rounds once, the reference twice)."""
+    x16, w16 = x.bfloat16().double(), weights.widened(torch.float32).bfloat16().double()
+    products = x16.abs() @ w16.abs().T
+    return x16 @ w16.T, products * (x.shape[1] * 2.0**-24 + 2.0**-8) + 1e-30
+
+
+def uses_int8_tiles(kernel: LinearKernel, rows: int) -> bool:
+    return "int8" in kernel.tile_rows_from and rows >= kernel.tile_rows_from["int8"]
 
 
 @pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
@@ -89,13 +108,16 @@ def test_int8_weights_give_their_blocks_dot_products(kernel, in_features, out_fe
     x_all = torch.randn(max(ROWS), in_features, generator=generator) * 3
     for rows in ROWS:
         x = x_all[:rows]
-        reference = int8_reference(x, weights)
+        if uses_int8_tiles(kernel, rows):
+            reference, bound = int8_tiles_reference(x, weights)
+        else:
+            reference = int8_reference(x, weights)
+            bound = accumulation_bound(x, weights.widened(torch.float32)) * 4 + reference.abs() * 1e-6
         error = (kernel.int8_weights(x, packed).double() - reference).abs()
-        bound = accumulation_bound(x, weights.widened(torch.float32)) * 4 + reference.abs() * 1e-6
         assert (error <= bound).all(), (rows, error.max())
 
 
-def test_the_avx2_build_uses_avx2_and_the_native_one_the_best_the_cpu_has(kernel, request):
+def test_each_build_uses_the_best_instructions_of_its_march(kernel, request):
     march = request.node.callspec.params["kernel"]
     if march == "x86-64":
         assert kernel.int8_path == "scalar"
@@ -103,6 +125,9 @@ def test_the_avx2_build_uses_avx2_and_the_native_one_the_best_the_cpu_has(kernel
         assert kernel.int8_path == "avx2"
     elif {"avx512_vnni", "avx512bw"} <= set(CPU_FLAGS):
         assert kernel.int8_path == "avx512-vnni"
+    # AMX tiles in the native build of a CPU with them (Linux 5.16 and later lend them), in no other
+    has_tiles = march == "native" and {"amx_tile", "amx_bf16"} <= set(CPU_FLAGS)
+    assert kernel.tile_rows_from == ({"bfloat16": 8, "int8": 16} if has_tiles else {})
 
 
 def test_int8_blocks_span_their_min_to_max_in_255_steps():
@@ -136,8 +161,12 @@ def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel):
     weight = torch.randn(48, 96, generator=generator)
     x = torch.randn(300, 96, generator=generator)
     int8 = NarrowMatmul(kernel, weight, "int8", torch.float32)
-    reference = int8_reference(x, quantize_int8(weight))
-    assert ((int8(x).double() - reference).abs() <= 1e-4 * reference.abs().max()).all()
+    if uses_int8_tiles(kernel, len(x)):
+        reference, bound = int8_tiles_reference(x, quantize_int8(weight))
+        assert ((int8(x).double() - reference).abs() <= bound).all()
+    else:
+        reference = int8_reference(x, quantize_int8(weight))
+        assert ((int8(x).double() - reference).abs() <= 1e-4 * reference.abs().max()).all()
     bfloat16 = NarrowMatmul(kernel, weight, "bfloat16", torch.float32)
     assert bfloat16.nbytes == 48 * 96 * 2  # half of float32's (48 outputs fill whole panels of 8 or 16)
     error = (bfloat16(x).double() - x.double() @ weight.bfloat16().double().T).abs()
@@ -152,6 +181,7 @@ def test_bfloat16_rows_refuse_widened_panels_where_they_take_dot_products_and_no
         return
     with pytest.raises(ValueError, match="pack the weight for them"):
         kernel.bfloat16_weights(torch.randn(2, 32).bfloat16(), kernel.pack_bfloat16(weight, dot_products=False))
-    # pairs along K: an odd K's last pair is padded with a zero
+    # pairs along K: an odd K's last pair is padded with a zero; for AMX tiles, to whole tiles of 32
     assert kernel.pack_bfloat16(weight, dot_products=True).packed.numel() == 16 * 32
-    assert kernel.pack_bfloat16(torch.randn(16, 33), dot_products=True).packed.numel() == 16 * 34
+    padded = 64 if kernel.tile_rows_from else 34
+    assert kernel.pack_bfloat16(torch.randn(16, 33), dot_products=True).packed.numel() == 16 * padded

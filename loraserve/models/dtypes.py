@@ -36,7 +36,7 @@ def cpu_has_bf16_dot_products() -> bool:
 
 
 def cpu_has_amx() -> bool:
-    """True when the CPU has AMX tiles for bfloat16 matmuls (oneDNN uses them)."""
+    """True when the CPU has AMX tiles for bfloat16 matmuls (our kernel's batches and oneDNN use them)."""
     return "amx_bf16" in _cpu_flags()
 
 

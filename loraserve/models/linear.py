@@ -1,10 +1,11 @@
 """A linear layer whose weight is held by our CPU kernel (bfloat16 or int8 panels, cpu_linear.py), pre-packed for
 oneDNN, or plain.
 
-bfloat16 weights with bfloat16 compute go to our kernel where it has bfloat16 dot products (loader.py). Elsewhere
-(AMX, or no compiler) oneDNN takes them: a bfloat16 decode matmul with the weight reordered once into oneDNN's
-blocked layout runs about 2x faster than `F.linear` (weights stream from memory every step, and the packed layout
-streams better), with bit-identical results. float32 stays on `F.linear`: packing changes its rounding, and float32
+bfloat16 weights with bfloat16 compute go to our kernel where it has bfloat16 dot products, and AMX tiles where
+the CPU has them (loader.py). Elsewhere (a compiler without them, or none) oneDNN takes them: a bfloat16 decode
+matmul with the weight reordered once into oneDNN's blocked layout runs about 2x faster than `F.linear` (weights
+stream from memory every step, and the packed layout streams better), with bit-identical results. float32 stays
+on `F.linear`: packing changes its rounding, and float32
 is the mode that must match transformers token for token.
 """
 

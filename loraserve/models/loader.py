@@ -83,12 +83,13 @@ def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig, mod
     panels come from the cache beside the model when it has them (packed_weights_cache.py).
 
     bfloat16 weights with bfloat16 compute go through the kernel where it has bfloat16 dot products
-    (AVX512-BF16), else oneDNN packs them (`pack_weights`). Measured on a Zen 4 (AVX512-BF16, no AMX),
-    a decode step's matmuls: one row 2x faster than oneDNN's, 32 rows as fast. With AMX, oneDNN's
-    tiles are left the work (not measured here)."""
+    (AVX512-BF16) and, on a CPU with AMX, its tiles; else oneDNN packs them (`pack_weights`). Measured,
+    a decode step's matmuls: on a Zen 4 (AVX512-BF16, no AMX) one row 2x faster than oneDNN's, 32 rows
+    as fast; on a Xeon with AMX one row 1.7x faster, 32 rows 1.4x (benchmarks/cpu_matmuls.py)."""
     kernel = load_linear_kernel(config.cache_dir / "kernels")
     dot_products = kernel is not None and kernel.bfloat16_dot_products
-    if weights == dtype_name(model.dtype) and not (dot_products and not cpu_has_amx()):
+    kernel_has_the_cpus_best = dot_products and (not cpu_has_amx() or bool(kernel and kernel.tile_rows_from))
+    if weights == dtype_name(model.dtype) and not kernel_has_the_cpus_best:
         return weights  # oneDNN packs them
     if kernel is None:
         if config.weights == weights:

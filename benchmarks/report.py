@@ -53,17 +53,18 @@ def cpu_isa() -> str:
 
 def cpu_class_suffix() -> str:
     """The suffix of the sections whose figures depend on the CPU class, so a run on one class does not
-    replace another's: none on an AVX-512 CPU, "-avx2" on an AVX2-only one, else "-" and the machine."""
+    replace another's: none on an AVX-512 CPU without AMX, "-amx" with it (bfloat16 compute and tiles),
+    "-avx2" on an AVX2-only one, else "-" and the machine."""
     isa = cpu_isa()
     if "AVX-512" in isa:
-        return ""
+        return "-amx" if "AMX" in isa else ""
     return "-avx2" if "AVX2" in isa else f"-{platform.machine().lower()}"
 
 
 def cpu_class_title() -> str:
     """What a section's title adds for its CPU class (see cpu_class_suffix)."""
-    suffix = cpu_class_suffix()
-    return "" if not suffix else " (AVX2 only)" if suffix == "-avx2" else f" ({platform.machine()})"
+    titles = {"": "", "-amx": " (AMX)", "-avx2": " (AVX2 only)"}
+    return titles.get(cpu_class_suffix(), f" ({platform.machine()})")
 
 
 def _cpu_name() -> str:

@@ -77,7 +77,9 @@ inline Floats splat(float v) {
 template <typename Y>
 inline void store_panel(const float* sums, int lanes, Y* y, int64_t n, int64_t first_output) {
     const int count = n - first_output < lanes ? int(n - first_output) : lanes;
-    if constexpr (std::is_same_v<Y, float>) {
+    if (count == kLanes) {  // a vector's rounding to bfloat16, not kLanes scalar ones (a 2048-row prompt: a third of its time)
+        store_vector(y + first_output, load_vector(sums));
+    } else if constexpr (std::is_same_v<Y, float>) {
         std::memcpy(y + first_output, sums, count * sizeof(float));
     } else {
         for (int lane = 0; lane < count; lane++) store(y + first_output + lane, sums[lane]);
@@ -103,26 +105,30 @@ inline void store_tile(const Sums (&acc)[ROWS][PANELS], Y* y, int64_t n, int64_t
 // (adjacent panels are short streams, each restarting the hardware prefetcher: one chat's decode
 // step took 16% longer that way on a Zen 3). Each tile's panels pass under every row tile of at
 // most `max_rows` rows before the next, so they are read from memory once whatever the batch.
-// `threads` begins each thread's work and ends it (AMX tiles are configured a thread).
-struct NoThreadState {
+// `Tiles` says how its tiles take panels (adjacent or spaced) and what a thread begins and ends
+// its work with (AMX tiles are configured a thread).
+struct VectorTiles {
+    bool adjacent = false;
     void begin() const {}
     void end() const {}
 };
 
-template <typename Tile, typename ThreadState = NoThreadState>
+template <typename Tile, typename Tiles = VectorTiles>
 void over_panels(int64_t rows, int64_t panel_total, int max_rows, int group, int num_threads, Tile tile,
-                 ThreadState threads = {}) {
+                 Tiles tiles = {}) {
 #pragma omp parallel num_threads(num_threads)
     {
-        threads.begin();
+        tiles.begin();
         const auto [begin, end] = thread_share(panel_total, omp_get_thread_num(), omp_get_num_threads());
-        const int64_t count = end - begin, spacing = (count + group - 1) / group;
-        for (int64_t first = 0; first < spacing; first++) {
+        const int64_t count = end - begin, spacing = tiles.adjacent ? 1 : (count + group - 1) / group;
+        const int64_t starts = tiles.adjacent ? (count + group - 1) / group : spacing;
+        for (int64_t start = 0; start < starts; start++) {
+            const int64_t first = tiles.adjacent ? start * group : start;
             const int panels = int(std::min<int64_t>(group, (count - first + spacing - 1) / spacing));
             for (int64_t row = 0; row < rows; row += max_rows)
                 tile(rows - row < max_rows ? int(rows - row) : max_rows, panels, row, begin + first, spacing);
         }
-        threads.end();
+        tiles.end();
     }
 }
 
@@ -282,11 +288,12 @@ int64_t whole_tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows * 
 
 // A prompt's rows in blocks, each block's x staying in the L2 cache while every panel passes under
 // it (one pass over all the rows reread x from memory a panel: 2048 rows 2x slower than oneDNN).
-constexpr int64_t kTileRowBlock = 256;
+constexpr int64_t kTileRowBlockBytes = 768 << 10;
 
 template <typename Block>
-void over_row_blocks(int64_t rows, Block block) {
-    for (int64_t row = 0; row < rows; row += kTileRowBlock) block(row, std::min(kTileRowBlock, rows - row));
+void over_row_blocks(int64_t rows, int64_t pairs, Block block) {
+    const int64_t block_rows = std::max<int64_t>(2 * kTileRows, kTileRowBlockBytes / (pairs * sizeof(Pair)) / (2 * kTileRows) * (2 * kTileRows));
+    for (int64_t row = 0; row < rows; row += block_rows) block(row, std::min(block_rows, rows - row));
 }
 
 // Linux lends a process the tiles' state only once it asks (arch_prctl); refused, vdpbf16ps serves.
@@ -296,7 +303,14 @@ bool tiles_permitted() {
     return permitted;
 }
 
-struct TileThreads {  // each thread configures its tiles before its first and releases them after its last
+// A prompt's tiles take adjacent panels: a tile's 32 outputs of a row fill a cache line of bfloat16 y
+// (spaced panels wrote each line in halves, far apart: a prompt's y, past the caches, was read for
+// each half). A decode step's y stays cached, and its panels stream better spaced.
+constexpr int64_t kAdjacentPanelsFrom = 256;  // rows
+
+struct AmxTiles {
+    bool adjacent;
+    // each thread configures its tiles before its first and releases them after its last
     void begin() const {
         struct {
             uint8_t palette, start_row, reserved[14];
@@ -317,10 +331,12 @@ struct PanelsAsTheyAre {
 
 // ROW_TILES tiles of x's rows (`pairs` words a row) by PANELS panels `panel_elements` apart, into
 // out[ROW_TILES][2][kTileRows][kLanes]. `ready(h)` makes the weight tiles at pair h: called a step
-// ahead of the tiles that read them, so that its vector work overlaps their products.
+// ahead of the tiles that read them, so that its vector work overlaps their products. The panels
+// are prefetched where they `stream` from memory (the first row tiles; the rest find them cached,
+// where prefetches cost a fifth of a prompt's time).
 template <int ROW_TILES, int PANELS, typename Ready>
 void tile_sums(const Pair* x, int64_t pairs, const BFloat16* panel, int64_t panel_elements, float* out,
-               Ready ready) {
+               bool stream, Ready ready) {
     constexpr int kTile = kTileRows * kLanes;
     const int64_t x_stride = pairs * sizeof(Pair);
     _tile_zero(0);
@@ -330,7 +346,7 @@ void tile_sums(const Pair* x, int64_t pairs, const BFloat16* panel, int64_t pane
     ready(0);
     for (int64_t h = 0; h < pairs; h += kTilePairs) {
         const BFloat16* weights = panel + h * 2 * kLanes;
-        for (int j = 0; j < PANELS; j++)
+        for (int j = 0; j < PANELS && stream; j++)
             prefetch_lines(weights + j * panel_elements + kTilePrefetchAhead / sizeof(BFloat16), 64 * kTilePairs);
         _tile_loadd(4, x + h, x_stride);
         _tile_loadd(6, weights, 64);
@@ -361,15 +377,16 @@ void tile_panels(const Pair* x, int64_t rows, int64_t pairs, const BFloat16* pan
     alignas(64) float out[2][2][kTileRows][kLanes];
     for (int64_t row = 0; row < rows; row += 2 * kTileRows) {
         const int row_tiles = rows - row > kTileRows ? 2 : 1;
+        const bool first = row == 0;
         const auto first_pass = [&](int64_t h) {
-            if (row == 0) ready(h);
+            if (first) ready(h);
         };
         const Pair* xs = x + row * pairs;
         float* sums = &out[0][0][0][0];
-        if (row_tiles == 2 && panels > 1) tile_sums<2, 2>(xs, pairs, panel, panel_elements, sums, first_pass);
-        else if (row_tiles == 2) tile_sums<2, 1>(xs, pairs, panel, panel_elements, sums, first_pass);
-        else if (panels > 1) tile_sums<1, 2>(xs, pairs, panel, panel_elements, sums, first_pass);
-        else tile_sums<1, 1>(xs, pairs, panel, panel_elements, sums, first_pass);
+        if (row_tiles == 2 && panels > 1) tile_sums<2, 2>(xs, pairs, panel, panel_elements, sums, first, first_pass);
+        else if (row_tiles == 2) tile_sums<2, 1>(xs, pairs, panel, panel_elements, sums, first, first_pass);
+        else if (panels > 1) tile_sums<1, 2>(xs, pairs, panel, panel_elements, sums, first, first_pass);
+        else tile_sums<1, 1>(xs, pairs, panel, panel_elements, sums, first, first_pass);
         for (int r = 0; r < row_tiles; r++)
             for (int i = 0; i < kTileRows && row + r * kTileRows + i < rows; i++)
                 for (int j = 0; j < panels; j++)
@@ -384,14 +401,14 @@ void linear_bf16_tiles(const X* x, int64_t rows, int64_t k, const BFloat16* pack
     std::vector<BFloat16> scratch;
     const int64_t pairs = bf16_pairs(k), panel_elements = pairs * 2 * kLanes;
     const Pair* xs = pair_rows(x, rows, k, scratch, whole_tiles(rows));
-    over_row_blocks(rows, [&](int64_t row, int64_t block_rows) {
+    over_row_blocks(rows, pairs, [&](int64_t row, int64_t block_rows) {
         over_panels(
             block_rows, bf16_panel_count(n), int(block_rows), 2, num_threads,
             [&](int, int panels, int64_t, int64_t panel, int64_t spacing) {
                 tile_panels(xs + row * pairs, block_rows, pairs, packed + panel * panel_elements, panels,
                             spacing * panel_elements, y + row * n, n, panel * kLanes, spacing);
             },
-            TileThreads{});
+            AmxTiles{rows >= kAdjacentPanelsFrom});
     });
 }
 #endif
@@ -720,7 +737,7 @@ void linear_int8_tiles(const X* x, int64_t rows, int64_t k, const uint8_t* value
     std::vector<BFloat16> scratch;
     const int64_t blocks = (k + kBlock - 1) / kBlock, pairs = bf16_pairs(k), panel_elements = pairs * 2 * kLanes;
     const Pair* xs = pair_rows(x, rows, k, scratch, whole_tiles(rows));
-    over_row_blocks(rows, [&](int64_t row, int64_t block_rows) {
+    over_row_blocks(rows, pairs, [&](int64_t row, int64_t block_rows) {
         over_panels(
             block_rows, int8_panel_count(n), int(block_rows), 2, num_threads,
             [&](int, int panels, int64_t, int64_t panel, int64_t spacing) {
@@ -741,7 +758,7 @@ void linear_int8_tiles(const X* x, int64_t rows, int64_t k, const uint8_t* value
                 tile_panels(xs + row * pairs, block_rows, pairs, widened.data(), panels, panel_elements, y + row * n, n,
                             panel * kLanes, spacing, widen);
             },
-            TileThreads{});
+            AmxTiles{rows >= kAdjacentPanelsFrom});
     });
 }
 #endif

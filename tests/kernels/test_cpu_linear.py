@@ -156,10 +156,12 @@ def test_int8_blocks_hold_4_bit_blocks_of_scale_and_min_to_float16_s_rounding():
     assert error <= 255 * (0.125 / 17) * 2**-11 and error < (1.125 / 254) / 5
 
 
-def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel):
+@pytest.mark.parametrize(("rows", "in_features", "out_features"), [(300, 96, 48), (600, 1536, 40)])
+def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel, rows, in_features, out_features):
+    """Prompts' row counts; 600 rows of K 1536 are three blocks of rows for AMX tiles (256 a block)."""
     generator = torch.Generator().manual_seed(1)
-    weight = torch.randn(48, 96, generator=generator)
-    x = torch.randn(300, 96, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    x = torch.randn(rows, in_features, generator=generator)
     int8 = NarrowMatmul(kernel, weight, "int8", torch.float32)
     if uses_int8_tiles(kernel, len(x)):
         reference, bound = int8_tiles_reference(x, quantize_int8(weight))
@@ -167,10 +169,16 @@ def test_a_prompt_of_many_rows_goes_through_the_same_tiles(kernel):
     else:
         reference = int8_reference(x, quantize_int8(weight))
         assert ((int8(x).double() - reference).abs() <= 1e-4 * reference.abs().max()).all()
+    w16 = weight.bfloat16()
     bfloat16 = NarrowMatmul(kernel, weight, "bfloat16", torch.float32)
-    assert bfloat16.nbytes == 48 * 96 * 2  # half of float32's (48 outputs fill whole panels of 8 or 16)
-    error = (bfloat16(x).double() - x.double() @ weight.bfloat16().double().T).abs()
-    assert (error <= accumulation_bound(x, weight.bfloat16())).all()
+    if out_features % 16 == 0:  # half of float32's bytes (whole panels of 8 or 16 outputs)
+        assert bfloat16.nbytes == out_features * in_features * 2
+    error = (bfloat16(x).double() - x.double() @ w16.double().T).abs()
+    assert (error <= accumulation_bound(x, w16)).all()
+    x16 = x.bfloat16()  # bfloat16 rows: the dot products' panels (AMX tiles where the build has them)
+    reference16 = x16.double() @ w16.double().T
+    y16 = NarrowMatmul(kernel, weight, "bfloat16", torch.bfloat16)(x16).double()
+    assert ((y16 - reference16).abs() <= accumulation_bound(x16, w16) + reference16.abs() * 2.0**-8).all()
 
 
 def test_bfloat16_rows_refuse_widened_panels_where_they_take_dot_products_and_no_build_fakes_them(kernel):

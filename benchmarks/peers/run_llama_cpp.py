@@ -98,6 +98,12 @@ def convert(
 
 def server_command(model: Path, loras: list[str], parallel: int, port: int) -> list[str]:
     adapters = ["--lora", ",".join(loras), "--lora-init-without-apply"] if loras else []
+    # llama.cpp's AMX buffer type takes no adapters: on a Xeon with AMX its q8_0 server with LoRAs
+    # segfaulted at start (llama-cpp-python 0.3.36's tree); --no-repack leaves its weights on the
+    # AVX-512 path (AMX repacks only quantized types).
+    cpuinfo = Path("/proc/cpuinfo")
+    if adapters and cpuinfo.is_file() and " amx_tile" in cpuinfo.read_text():
+        adapters.append("--no-repack")
     return [
         os.environ["LLAMA_SERVER"], "-m", str(model), *adapters,
         "-np", str(parallel), "-c", str(parallel * CONTEXT_PER_SLOT), "--kv-unified", "-t", str(os.cpu_count() or 1),

@@ -77,9 +77,7 @@ inline Floats splat(float v) {
 template <typename Y>
 inline void store_panel(const float* sums, int lanes, Y* y, int64_t n, int64_t first_output) {
     const int count = n - first_output < lanes ? int(n - first_output) : lanes;
-    if (count == kLanes) {  // a vector's rounding to bfloat16, not kLanes scalar ones (a 2048-row prompt: a third of its time)
-        store_vector(y + first_output, load_vector(sums));
-    } else if constexpr (std::is_same_v<Y, float>) {
+    if constexpr (std::is_same_v<Y, float>) {
         std::memcpy(y + first_output, sums, count * sizeof(float));
     } else {
         for (int lane = 0; lane < count; lane++) store(y + first_output + lane, sums[lane]);
@@ -741,21 +739,22 @@ void linear_int8_tiles(const X* x, int64_t rows, int64_t k, const uint8_t* value
         over_panels(
             block_rows, int8_panel_count(n), int(block_rows), 2, num_threads,
             [&](int, int panels, int64_t, int64_t panel, int64_t spacing) {
-            thread_local std::vector<BFloat16> widened;
-            widened.resize(2 * panel_elements);
-            const auto widen = [&](int64_t h) {
-                const int64_t b = h / kTilePairs;
-                for (int j = 0; j < panels; j++) {
-                    const int64_t at = ((panel + j * spacing) * blocks + b) * kInt8Lanes;
-                    if (b % kScaleLineBlocks == 0) {
-                        prefetch_line(reinterpret_cast<const char*>(scales + at) + kScalePrefetchAhead);
-                        prefetch_line(reinterpret_cast<const char*>(mins + at) + kScalePrefetchAhead);
+                thread_local std::vector<BFloat16> widened;
+                widened.resize(2 * panel_elements);
+                BFloat16* const tiles = widened.data();  // named once: each use of a thread_local is a call
+                const auto widen = [&](int64_t h) {
+                    const int64_t b = h / kTilePairs;
+                    for (int j = 0; j < panels; j++) {
+                        const int64_t at = ((panel + j * spacing) * blocks + b) * kInt8Lanes;
+                        if (b % kScaleLineBlocks == 0) {
+                            prefetch_line(reinterpret_cast<const char*>(scales + at) + kScalePrefetchAhead);
+                            prefetch_line(reinterpret_cast<const char*>(mins + at) + kScalePrefetchAhead);
+                        }
+                        widen_block(values + at * kBlock, scales + at, mins + at,
+                                    tiles + j * panel_elements + h * 2 * kLanes);
                     }
-                    widen_block(values + at * kBlock, scales + at, mins + at,
-                                widened.data() + j * panel_elements + h * 2 * kLanes);
-                }
-            };
-                tile_panels(xs + row * pairs, block_rows, pairs, widened.data(), panels, panel_elements, y + row * n, n,
+                };
+                tile_panels(xs + row * pairs, block_rows, pairs, tiles, panels, panel_elements, y + row * n, n,
                             panel * kLanes, spacing, widen);
             },
             AmxTiles{rows >= kAdjacentPanelsFrom});

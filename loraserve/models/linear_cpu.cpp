@@ -276,21 +276,24 @@ struct Bf16DotTile {
 constexpr int kTileRows = 16;
 // Rows from which tiles beat the vector tiles: measured on a Xeon with AMX, the 120 layer matmuls of
 // the default model's decode step with bfloat16 rows (benchmarks/cpu_matmuls.py --activations
-// bfloat16, tiles against none, best of 10): bfloat16 8 rows 11.2 -> 9.5 ms, 6 rows even; int8 16
-// rows 11.2 -> 8.4, 12 rows even (its widening costs the tiles a fixed share); and 32 rows bfloat16
-// 34.3 -> 10.4, int8 18.4 -> 9.1 (oneDNN's AMX matmul 14.9), 64 rows 64.8 -> 15.8 and 32.6 -> 13.7.
+// bfloat16, tiles against none; docs/benchmarks.md): bfloat16 8 rows 12.3 -> 10.5 ms (6 rows even);
+// int8 16 rows 11.9 -> 9.9 (12 rows even: its widening costs the tiles a fixed share); 32 rows
+// bfloat16 39.2 -> 12.1, int8 20.3 -> 10.6 (oneDNN's AMX matmul 17.7).
 constexpr int64_t kBf16TileRowsFrom = 8, kInt8TileRowsFrom = 16;
 constexpr int64_t kTilePrefetchAhead = 2048;  // bytes ahead in each panel
 
 int64_t whole_tiles(int64_t rows) { return (rows + kTileRows - 1) / kTileRows * kTileRows; }
 
 // A prompt's rows in blocks, each block's x staying in the L2 cache while every panel passes under
-// it (one pass over all the rows reread x from memory a panel: 2048 rows 2x slower than oneDNN).
+// it (one pass over all the rows reread x from memory a panel: the down projection's 2048 rows took
+// 2.3 ms against 1.55 in blocks).
 constexpr int64_t kTileRowBlockBytes = 768 << 10;
 
 template <typename Block>
 void over_row_blocks(int64_t rows, int64_t pairs, Block block) {
-    const int64_t block_rows = std::max<int64_t>(2 * kTileRows, kTileRowBlockBytes / (pairs * sizeof(Pair)) / (2 * kTileRows) * (2 * kTileRows));
+    constexpr int64_t kRowPair = 2 * kTileRows;  // the rows of a tile_sums call
+    const int64_t fitting = kTileRowBlockBytes / (pairs * int64_t(sizeof(Pair)));
+    const int64_t block_rows = std::max(kRowPair, fitting / kRowPair * kRowPair);
     for (int64_t row = 0; row < rows; row += block_rows) block(row, std::min(block_rows, rows - row));
 }
 

@@ -24,7 +24,7 @@ import torch
 from loraserve.config import default_cache_dir
 from loraserve.models.cpu_linear import SOURCE, LinearKernel, NarrowMatmul
 from loraserve.models.dtypes import BFLOAT16_DOT
-from loraserve.models.linear import Linear
+from loraserve.models.linear import Linear, can_pack
 from sgmv_kernels.build import load_library
 
 HIDDEN, INTERMEDIATE, KV, LAYERS = 576, 1536, 192, 30
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             runs[f"{mode} ({label})" if args.against else mode] = [
                 NarrowMatmul(kernel, w, mode, dtype) for w in weights
             ]
-    if dtype == torch.bfloat16:
+    if dtype == torch.bfloat16 and can_pack(dtype, "cpu"):  # oneDNN reorders bfloat16 with AVX-512
         runs["oneDNN bfloat16"] = [onednn_linear(w) for w in weights]
     print(f"the {len(SHAPES)} layer matmuls of a decode step, {args.activations} rows, ms "
           f"(best / median of {args.repeats}), {torch.get_num_threads()} threads")  # fmt: skip

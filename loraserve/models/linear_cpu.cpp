@@ -226,6 +226,12 @@ inline void bfloat16_row(const float* source, int64_t k, BFloat16* target) {
     for (; h < k; h++) store(target + h, source[h]);
 }
 
+// The calling thread's buffer for pair_rows, kept between calls: no allocation a matmul.
+inline std::vector<BFloat16>& kept_pair_rows() {
+    thread_local std::vector<BFloat16> kept;
+    return kept;
+}
+
 // x's rows as pairs along K, one 32-bit word each, bf16_pairs(k) a row: x itself where it is
 // bfloat16 and its rows are whole pairs, else its rows in bfloat16 in `scratch`, the pairs past K
 // zeros and rows of zeros after them up to `padded_rows` (AMX tiles take whole tiles of rows).
@@ -399,7 +405,7 @@ void tile_panels(const Pair* x, int64_t rows, int64_t pairs, const BFloat16* pan
 template <typename X>
 void linear_bf16_tiles(const X* x, int64_t rows, int64_t k, const BFloat16* packed, int64_t n, X* y,
                        int num_threads) {
-    std::vector<BFloat16> scratch;
+    std::vector<BFloat16>& scratch = kept_pair_rows();
     const int64_t pairs = bf16_pairs(k), panel_elements = pairs * 2 * kLanes;
     const Pair* xs = pair_rows(x, rows, k, scratch, whole_tiles(rows));
     over_row_blocks(rows, pairs, [&](int64_t row, int64_t block_rows) {
@@ -419,7 +425,7 @@ void linear_bf16_dot(const X* x, int64_t rows, int64_t k, const BFloat16* packed
 #if defined(AMX_TILES)
     if (rows >= kBf16TileRowsFrom && tiles_permitted()) return linear_bf16_tiles(x, rows, k, packed, n, y, num_threads);
 #endif
-    std::vector<BFloat16> scratch;
+    std::vector<BFloat16>& scratch = kept_pair_rows();
     const Pair* xs = pair_rows(x, rows, k, scratch);
     const int64_t pairs = bf16_pairs(k);
     const int group = bf16_panels_for(rows < kBf16Rows ? int(rows) : kBf16Rows);
@@ -735,7 +741,7 @@ inline void widen_block(const uint8_t* values, const uint16_t* scales, const uin
 template <typename X>
 void linear_int8_tiles(const X* x, int64_t rows, int64_t k, const uint8_t* values, const uint16_t* scales,
                        const uint16_t* mins, int64_t n, X* y, int num_threads) {
-    std::vector<BFloat16> scratch;
+    std::vector<BFloat16>& scratch = kept_pair_rows();
     const int64_t blocks = (k + kBlock - 1) / kBlock, pairs = bf16_pairs(k), panel_elements = pairs * 2 * kLanes;
     const Pair* xs = pair_rows(x, rows, k, scratch, whole_tiles(rows));
     over_row_blocks(rows, pairs, [&](int64_t row, int64_t block_rows) {

@@ -21,6 +21,7 @@ import torch
 from loraserve.config import CacheConfig
 from loraserve.errors import ConfigError
 from loraserve.lora.adapter import projection_shapes
+from loraserve.memory.lazy_zeros import lazy_zeros
 from loraserve.memory.page_allocator import PageAllocator
 from loraserve.models.llama import KVCache, LlamaSpec
 
@@ -64,7 +65,7 @@ class MemoryPool:
         kv_elems = self.slabs_per_page * num_pages * self.slab_elems
         # Zeros, not empty: padded attention reads are masked out, but a NaN bit pattern
         # would still poison 0 * NaN; and the tail must read as zeros.
-        self.buffer = torch.zeros(kv_elems + widest_row, dtype=dtype, device=device)
+        self.buffer = lazy_zeros(kv_elems + widest_row, dtype, device)
         self.zero_offset = kv_elems
         self.kv_cache = self.buffer[:kv_elems].view(
             num_pages, 2, spec.num_layers, block_size, spec.num_kv_heads, spec.head_dim

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -47,3 +49,35 @@ def test_packed_weights_lie_in_huge_pages_unless_turned_off():
     assert huge_page_kilobytes(environment) >= 2048 * 10  # the lm_head's 57 MB: most of it, not a stray page
     if "[madvise]" in THP_MODE.read_text():  # with [always] every large mapping takes them anyway
         assert huge_page_kilobytes({**environment, "THP_MEM_ALLOC_ENABLE": "0"}) == 0
+
+
+def resident_and_huge_kilobytes(address: int) -> tuple[int, int]:
+    """(Rss, AnonHugePages) in kB of this process's mapping that holds `address`."""
+    mapping, found = False, {}
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and ":" not in fields[0]:
+            start, end = (int(part, 16) for part in fields[0].split("-"))
+            mapping = start <= address < end
+        elif mapping and fields[0] in ("Rss:", "AnonHugePages:"):
+            found[fields[0]] = int(fields[1])
+    return found["Rss:"], found["AnonHugePages:"]
+
+
+def test_a_new_pool_is_zeros_that_take_memory_only_where_used():
+    """A server's start does not write its whole pool (2 GiB by default): pages come in on first use,
+    in huge pages where the kernel lends them."""
+    from loraserve.lora.memory_pool import MemoryPool, page_bytes
+    from tests.lora.tiny_adapters import TINY_SPEC
+
+    spec = dataclasses.replace(TINY_SPEC, head_dim=1024)  # pages of 64 KiB
+    pool = MemoryPool(spec, 16, num_pages=(256 << 20) // page_bytes(spec, 16, torch.float32), dtype=torch.float32,
+                      device="cpu")  # fmt: skip
+    address = pool.buffer.data_ptr()
+    assert resident_and_huge_kilobytes(address)[0] < 1024, "nothing resident before use"
+    assert not pool.buffer[:: 1 << 20].any() and not pool.buffer[pool.zero_offset :].any()
+    pool.buffer[: 8 << 20].fill_(1.0)  # 32 MB of KV written
+    resident, huge = resident_and_huge_kilobytes(address)
+    assert 32 << 10 <= resident < 64 << 10
+    if THP_MODE.exists() and "[never]" not in THP_MODE.read_text():
+        assert huge >= 16 << 10, "most of it in huge pages"

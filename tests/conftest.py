@@ -125,22 +125,27 @@ def hf_model(model_dir: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-@pytest.fixture(scope="session")
-def hf_greedy(hf_model: torch.nn.Module) -> Callable[[list[int], int], list[int]]:
-    """transformers' greedy continuation of one prompt (memoized: references are reused)."""
+def memoized_greedy(model: torch.nn.Module) -> Callable[[list[int], int], list[int]]:
+    """`model`'s greedy continuation of one prompt, each computed once: references are reused."""
     cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     def generate(prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         key = (tuple(prompt_ids), max_new_tokens)
         if key not in cache:
             with torch.inference_mode():
-                out = hf_model.generate(  # type: ignore[operator]
+                out = model.generate(  # type: ignore[operator]
                     torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False
                 )
             cache[key] = out[0, len(prompt_ids) :].tolist()
         return cache[key]
 
     return generate
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model: torch.nn.Module) -> Callable[[list[int], int], list[int]]:
+    """transformers' greedy continuation of one prompt (memoized)."""
+    return memoized_greedy(hf_model)
 
 
 LORAX_VENV = Path(__file__).resolve().parents[1] / ".venv-lorax"

@@ -5,6 +5,7 @@ this CPU and the AVX2 one; int8 stays close to float32."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from loraserve.errors import ConfigError
 from loraserve.models.cpu_linear import NarrowMatmul
 from loraserve.models.dtypes import cpu_has_bf16_dot_products, resolve_weights
 from sgmv_kernels.build import MARCH_VARIABLE
-from tests.conftest import CHAT_PROMPTS
+from tests.conftest import CHAT_PROMPTS, memoized_greedy
 from tests.kernels.test_cpu_linear import MARCHES
 
 MAX_TOKENS = 24
@@ -23,23 +24,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def hf_bfloat16_weights(hf_model) -> torch.nn.Module:
-    """transformers' model with every weight rounded to bfloat16 and held in float32 again."""
+def hf_bfloat16_greedy(hf_model) -> Callable[[list[int], int], list[int]]:
+    """Greedy tokens of transformers' model with every weight rounded to bfloat16 and held in float32 again
+    (memoized: every march compares with the same references)."""
     rounded = copy.deepcopy(hf_model)
     with torch.no_grad():
         for parameter in rounded.parameters():
             parameter.copy_(parameter.bfloat16().float())
-    return rounded
-
-
-def greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)  # type: ignore[operator]
-    return out[0, len(prompt) :].tolist()
+    return memoized_greedy(rounded)
 
 
 @pytest.mark.parametrize("march", MARCHES)
-def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march, hf_bfloat16_weights, monkeypatch):
+def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march, hf_bfloat16_greedy, monkeypatch):
     monkeypatch.setenv(MARCH_VARIABLE, march)
     llm = LLM(dtype="float32", weights="bfloat16", num_pages=256)
     assert llm.engine.loaded.weights == "bfloat16"
@@ -48,7 +44,7 @@ def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march,
     prompts = [llm.chat_prompt_ids(conv) for conv in CHAT_PROMPTS]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
     llm.engine.close()
-    assert [o.outputs[0].token_ids for o in outputs] == [greedy(hf_bfloat16_weights, p) for p in prompts]
+    assert [o.outputs[0].token_ids for o in outputs] == [hf_bfloat16_greedy(p, MAX_TOKENS) for p in prompts]
 
 
 def test_auto_holds_bfloat16_weights_only_where_float32_compute_was_chosen_for_the_cpu():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import gc
 import os
 import subprocess
@@ -157,9 +158,11 @@ def lorax_python() -> Path:
     """The python of a virtual environment with lorax-client (tests/server/lorax_client_script.py runs in it): the
     client pins huggingface-hub<1.0, which transformers 5 cannot use. Made once, in .venv-lorax."""
     python = LORAX_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(LORAX_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", LORAX_CLIENT], check=True)
+    with LORAX_VENV.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # make test's two workers: one makes it, the other waits
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(LORAX_VENV)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", LORAX_CLIENT], check=True)
     return python
 
 

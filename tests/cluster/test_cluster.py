@@ -30,7 +30,7 @@ from tests.server.test_admin_api import peft_files, upload, zipped
 
 pytest.importorskip("ray", reason="loraserve cluster needs Ray Serve: pip install 'loraserve[ray]'")
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.postgres, pytest.mark.timeout(600)]
 
 SAMPLES = ("pirate", "robot", "shakespeare", "french-tutor")
 FOLLOW_SECONDS = 30  # registry notes arrive in milliseconds, board posts every 2 s; a replica starts in ~15 s

@@ -13,7 +13,7 @@ import pytest
 from tests.server.conftest import data_snapshot
 from tests.server.test_admin_api import SAMPLES, peft_files, upload
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 MODEL = "SmolLM2-135M-Instruct"
 BACKTRACKING = r"(?=.{0,18}$)(((\w|\.)+)+)+X"  # exponential in the length of every module name

@@ -17,7 +17,7 @@ import pytest
 from loraserve.config import SchedulerConfig
 from tests.server.conftest import RunningServer, start_server, wait_until_idle
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 MODEL = "SmolLM2-135M-Instruct"
 TTFT, TPOT = 1.0, 0.1

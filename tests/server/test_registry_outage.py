@@ -20,7 +20,7 @@ from tests.server.conftest import ADMIN, RunningServer, start_server
 from tests.server.test_admin_api import SAMPLES, peft_files, upload
 from tests.throwaway_postgres import ThrowawayPostgres, throwaway_postgres
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.postgres]
 
 MODEL = "SmolLM2-135M-Instruct"
 

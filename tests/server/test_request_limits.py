@@ -12,7 +12,7 @@ import pytest
 from loraserve.config import SchedulerConfig
 from tests.server.conftest import start_server, wait_until_idle
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}

@@ -14,7 +14,7 @@ import pytest
 
 from tests.server.server_process import ADMIN, ServerProcess, server_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ADAPTERS = ["french-tutor", "pirate", "robot", "shakespeare"]
 STREAMS = 16

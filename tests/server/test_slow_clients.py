@@ -16,7 +16,7 @@ import pytest
 
 from tests.server.conftest import RunningServer, start_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 IDLE = 64
 SLOW_READERS = 4

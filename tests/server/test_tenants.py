@@ -17,7 +17,7 @@ from loraserve.config import ModelConfig, SchedulerConfig
 from loraserve.models.loader import load_model
 from tests.server.conftest import RunningServer, start_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 FLOODER, POLITE = "tenant-flooder-key-0123456789", "tenant-polite-key-0123456789"
 MODEL = "SmolLM2-135M-Instruct"

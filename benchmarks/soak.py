@@ -209,7 +209,8 @@ def render(soak: Soak, args: argparse.Namespace) -> str:
         f"{soak.disconnects} streams dropped by their client; /health answered in at most "
         f"{max(soak.health_seconds, default=float('nan')) * 1e3:.0f} ms.",
         f"Server RSS: {rss[0] / 2**20:.0f} MiB at the start, {warm[0] / 2**20:.0f} MiB after a minute, "
-        f"{max(rss) / 2**20:.0f} MiB at most, {rss[-1] / 2**20:.0f} MiB at the end.",
+        f"{max(rss) / 2**20:.0f} MiB at most, {rss[-1] / 2**20:.0f} MiB at the end (the pool's pages count from their "
+        "first use: growth up to the pool's size is KV blocks and adapters coming in, not a leak).",
         "",
         "| tenant | rate (req/s) | sent | answered | refused 429 | refused 503 | failed | TTFT p50 | TTFT p99 |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -36,10 +36,12 @@ browser:
 		($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
 
 # Most tests keep one core busy (Python, the Triton interpreter, a server starting), so two workers
-# take each file in turn; the tests that bound a latency or a wait in wall time run after, alone.
-# Both parts run whatever the first gives; either failing fails the target.
+# take each file in turn, one OpenMP thread each: two workers of two threads on two cores waited at
+# every barrier for a thread the other had descheduled, and took longer than one pytest. The tests
+# that bound a latency or a wait in wall time, or run our OpenMP kernels over their threads, run
+# after, alone. Both parts run whatever the first gives; either failing fails the target.
 test: lint browser
-	$(PY) -m pytest -n 2 --dist loadfile -m "not serial"; parallel=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile -m "not serial"; parallel=$$?; \
 	$(PY) -m pytest -m serial && exit $$parallel
 
 # vLLM's CPU guide preloads tcmalloc, and it helps loraserve as much (see serve).

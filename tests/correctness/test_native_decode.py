@@ -19,7 +19,7 @@ from sgmv_kernels.build import MARCH_VARIABLE
 from tests.conftest import CHAT_PROMPTS
 from tests.kernels.test_cpu_linear import MARCHES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # our OpenMP kernels over their threads
 
 ADAPTERS = ["pirate", None, "robot", "pirate"]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)

@@ -9,6 +9,8 @@ import torch
 
 from loraserve.openmp import _libgomp, in_passing_thread, keep_serial
 
+pytestmark = pytest.mark.serial  # threads as users have them: make test runs the rest on one each
+
 
 @pytest.mark.skipif(_libgomp() is None, reason="torch here does not use GNU OpenMP")
 def test_keep_serial_limits_only_the_calling_thread():

@@ -21,6 +21,8 @@ from loraserve.models.cpu_linear import (
     quantize_int8,
 )
 
+pytestmark = pytest.mark.serial  # our OpenMP kernels over their threads, as users run them
+
 CPU_FLAGS = next(
     (line.split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), []
 )

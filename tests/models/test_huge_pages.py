@@ -13,6 +13,7 @@ import pytest
 import torch
 
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+ROOT = Path(__file__).resolve().parents[2]  # the probe imports this file as tests.models.test_huge_pages
 
 # Loads the default model with bfloat16 weights and prints the huge-page kB of the mapping that
 # holds the lm_head's packed panels (the largest weight a step reads).
@@ -20,24 +21,18 @@ PROBE = """
 import loraserve
 from loraserve.config import ModelConfig
 from loraserve.models.loader import load_model
+from tests.models.test_huge_pages import resident_and_huge_kilobytes
 
 loaded = load_model(ModelConfig(dtype="float32", weights="bfloat16"))
-address = loaded.model.lm_head.narrow.bfloat16.packed.data_ptr()
-mapping = None
-for line in open("/proc/self/smaps"):
-    fields = line.split()
-    if "-" in fields[0] and ":" not in fields[0]:
-        start, end = (int(part, 16) for part in fields[0].split("-"))
-        mapping = start <= address < end
-    elif mapping and fields[0] == "AnonHugePages:":
-        print(fields[1])
+print(resident_and_huge_kilobytes(loaded.model.lm_head.narrow.bfloat16.packed.data_ptr())[1])
 """
 
 
 def huge_page_kilobytes(environment: dict[str, str]) -> int:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], env=environment, capture_output=True, text=True, timeout=300, check=True
-    )
+        [sys.executable, "-c", PROBE], env=environment, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        check=True,
+    )  # fmt: skip
     return int(done.stdout.split()[-1])
 
 

@@ -1,9 +1,10 @@
 """Decode tok/s per way of holding the weights (--weights), against the memory floor.
 
 A decode step reads every matmul weight once: its floor is the weights' bytes over the memory
-bandwidth, measured here as the best of a few streaming reads of 1 GiB just before each mode's
-chat. Per mode: one chat (base, and with an adapter), and 32 chats over 8 adapters (rank 16, all
-projections), 64 tokens each, greedy, EOS ignored, prefix cache off, best of --repeats. Then
+bandwidth, measured here as the best of a few streaming reads of 1 GiB just before each of a mode's
+one-chat runs. Per mode: one chat (base, and with an adapter), and 32 chats over 8 adapters (rank
+16, all projections), 64 tokens each, greedy, EOS ignored, prefix cache off, best of --repeats; the
+modes are loaded at once and take turns, so that the VM's drift moves them alike. Then
 llama.cpp's llama-server on the same token ids, per weights type of the same bytes (f32, f16, bf16, q8_0).
 
     loraserve bench weights            # writes its section of docs/benchmarks.md
@@ -16,7 +17,7 @@ import argparse
 import functools
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -85,33 +86,43 @@ def workloads(llm: LLM, names: list[str], tokens: int) -> list[JobWorkload]:
     ]
 
 
-def best_seconds(llm: LLM, workload: JobWorkload, repeats: int, max_tokens: int | None = None) -> float:
-    """The best of `repeats` runs of the workload (each prompt `max_tokens` tokens, default its own), after a
-    warm-up run (kernels built, adapters loaded)."""
-    tokens = max_tokens or workload.output_lens[0]
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    run = functools.partial(llm.generate, workload.prompts, params, adapters=workload.adapters, use_tqdm=False)
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
+@dataclass
+class ModeRun:
+    """One weights mode, loaded for the whole run: the modes take turns at each workload."""
+
+    mode: str
+    llm: LLM
+    jobs: list[JobWorkload]
+    megabytes: float  # of the matmul weights a decode step reads
+    bandwidth: float = 0.0  # GB/s: the best streaming read just before its one-chat runs
+
+
+def paired_best_seconds(
+    runs: list[ModeRun], job: int, repeats: int, max_tokens: int | None = None, probe: bool = False
+) -> dict[str, float]:
+    """Each mode's best of `repeats` runs of its workload `job` (each prompt `max_tokens` tokens, default its
+    own), after a warm-up run each (kernels built, adapters loaded). The modes take turns, the order reversed
+    every other round, so that this VM's drift (tens of percent over a minute) moves them alike; run one
+    after another, the same two modes swapped places between runs. `probe`: a streaming read just before
+    each run, each mode keeping its best."""
+    calls = {}
+    for run in runs:
+        workload = run.jobs[job]
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens or workload.output_lens[0], ignore_eos=True)
+        generate = functools.partial(
+            run.llm.generate, workload.prompts, params, adapters=workload.adapters, use_tqdm=False
+        )  # fmt: skip
+        generate()
+        calls[run.mode] = generate
+    best = dict.fromkeys(calls, float("inf"))
+    for repeat in range(repeats):
+        for run in runs if repeat % 2 == 0 else runs[::-1]:
+            if probe:
+                run.bandwidth = max(run.bandwidth, streaming_read_gbs())
+            start = time.perf_counter()
+            calls[run.mode]()
+            best[run.mode] = min(best[run.mode], time.perf_counter() - start)
     return best
-
-
-def tokens_per_second(llm: LLM, workload: JobWorkload, repeats: int) -> float:
-    """Every chat's tokens over the best run's time, prompts included."""
-    return sum(workload.output_lens) / best_seconds(llm, workload, repeats)
-
-
-def whole_and_decode_rates(llm: LLM, workload: JobWorkload, repeats: int) -> tuple[float, float]:
-    """One chat's tokens over the best run's time, and the tokens after the first over their own time: that
-    best less the best of its prompt and first token alone. The decode rate is what the memory floor
-    bounds (a decode step reads the weights once; a prompt step is bound by its products)."""
-    whole, first = best_seconds(llm, workload, repeats), best_seconds(llm, workload, repeats, max_tokens=1)
-    tokens = workload.output_lens[0]
-    return tokens / whole, (tokens - 1) / (whole - first)
 
 
 Rates = tuple[float, float, float]  # one chat, one chat with an adapter, 32 chats over the adapters
@@ -173,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, peer_rows, ours, theirs = [], [], {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         adapter_dirs: list[Path] = []
+        runs: list[ModeRun] = []
         for mode in modes:
             dtype, weights = mode.split(":")
             loaded = load_model(ModelConfig(dtype=dtype, weights=weights))
@@ -183,19 +195,27 @@ def main(argv: list[str] | None = None) -> None:
             for path in adapter_dirs:
                 llm.add_adapter(path.name, path)
             jobs = workloads(llm, [path.name for path in adapter_dirs], tokens)
-            megabytes = weight_bytes(loaded) / 1e6
-            bandwidth = streaming_read_gbs()  # just before the chat it bounds: this VM's bandwidth drifts
-            floor = bandwidth * 1e3 / megabytes
-            one, decode = whole_and_decode_rates(llm, jobs[0], repeats)
-            one_adapter, mixed = (tokens_per_second(llm, job, repeats) for job in jobs[1:])
-            ours[mode] = (one, one_adapter, mixed)
-            row = f"| {dtype} | {weights} | {megabytes:.0f} | {bandwidth:.1f} | {floor:.0f} "
+            runs.append(ModeRun(mode, llm, jobs, weight_bytes(loaded) / 1e6))
+            del loaded
+        whole = paired_best_seconds(runs, 0, repeats, probe=True)
+        first = paired_best_seconds(runs, 0, repeats, max_tokens=1)  # the prompt and first token alone
+        one_adapter, mixed = (paired_best_seconds(runs, job, repeats) for job in (1, 2))
+        for run in runs:
+            dtype, weights = run.mode.split(":")
+            floor = run.bandwidth * 1e3 / run.megabytes
+            # one chat over its whole time; its decode: the tokens after the first over their own time,
+            # which the memory floor bounds (a decode step reads the weights once; a prompt step is
+            # bound by its products)
+            one, decode = tokens / whole[run.mode], (tokens - 1) / (whole[run.mode] - first[run.mode])
+            adapted, many = (sum(run.jobs[job].output_lens) / t[run.mode] for job, t in ((1, one_adapter), (2, mixed)))
+            ours[run.mode] = (one, adapted, many)
+            row = f"| {dtype} | {weights} | {run.megabytes:.0f} | {run.bandwidth:.1f} | {floor:.0f} "
             row += f"| {one:.1f} ({one / floor:.2f}) | {decode:.1f} ({decode / floor:.2f}) "
-            row += f"| {one_adapter:.1f} | {mixed:.0f} |"
+            row += f"| {adapted:.1f} | {many:.0f} |"
             print(row, flush=True)
             rows.append(row)
-            llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
-            del llm, loaded
+            run.llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
+        del runs
         if peer:
             peer_rows, theirs = llama_cpp_rates(model_dir, adapter_dirs, jobs, repeats, Path(scratch))
     body = [
@@ -203,9 +223,10 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Command: `{bench_command('weights', argv)}`. Machine: {machine_description()}.",
         "",
-        "Streaming read: measured just before each mode's chat (read GB/s; best of a sum, a max and a "
-        "matrix-vector product over 1 GiB). Floor: that bandwidth over the bytes of the matmul weights (one "
-        "decode step reads each once). "
+        "All modes loaded at once, taking turns at each workload (the order reversed every other round). "
+        "Streaming read: the best taken just before each of a mode's one-chat runs (read GB/s; best of a sum, "
+        "a max and a matrix-vector product over 1 GiB). Floor: that bandwidth over the bytes of the matmul "
+        "weights (one decode step reads each once). "
         "Tok/s: a chat's tokens over its whole time, prompt included; decode: the tokens after the first over "
         "their own time (the run's best less the best of its prompt and first token alone). "
         f"{tokens} tokens a chat, greedy, EOS ignored, prefix cache off, best of {repeats}; "

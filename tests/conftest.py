@@ -158,11 +158,13 @@ def lorax_python() -> Path:
     """The python of a virtual environment with lorax-client (tests/server/lorax_client_script.py runs in it): the
     client pins huggingface-hub<1.0, which transformers 5 cannot use. Made once, in .venv-lorax."""
     python = LORAX_VENV / "bin" / "python"
+    installed = LORAX_VENV / f"installed {LORAX_CLIENT}"  # written last: a failed install is made again
     with LORAX_VENV.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # make test's two workers: one makes it, the other waits
-        if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(LORAX_VENV)], check=True)
+        if not installed.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(LORAX_VENV)], check=True)
             subprocess.run([str(python), "-m", "pip", "install", "--quiet", LORAX_CLIENT], check=True)
+            installed.touch()
     return python
 
 

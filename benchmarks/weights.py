@@ -102,9 +102,9 @@ def paired_best_seconds(
 ) -> dict[str, float]:
     """Each mode's best of `repeats` runs of its workload `job` (each prompt `max_tokens` tokens, default its
     own), after a warm-up run each (kernels built, adapters loaded). The modes take turns, the order reversed
-    every other round, so that this VM's drift (tens of percent over a minute) moves them alike: run one
-    after another, two runs of the same code ranked int8 and bfloat16-dot either way round. `probe`: a
-    streaming read just before each run, each mode keeping its best."""
+    every other round, so that this VM's drift moves them alike: run one after another, the same mode's 32
+    chats varied by 15% between runs, more than two modes differ. `probe`: a streaming read just before
+    each run, each mode keeping its best."""
     calls = {}
     for run in runs:
         workload = run.jobs[job]

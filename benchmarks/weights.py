@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
             print(row, flush=True)
             rows.append(row)
             run.llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
-        del runs
+        del runs, llm  # the models go before llama.cpp runs
         if peer:
             peer_rows, theirs = llama_cpp_rates(model_dir, adapter_dirs, jobs, repeats, Path(scratch))
     body = [

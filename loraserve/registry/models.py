@@ -131,3 +131,13 @@ class ApiKeyRow(Base):
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
     allowed_models: Mapped[str | None] = mapped_column(Text)  # JSON list of model ids; NULL: every model
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utc_now)
+
+
+class SettingRow(Base):
+    """One setting every server sharing the registry follows (settings.py): a name and its value."""
+
+    __tablename__ = "settings"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utc_now, onupdate=utc_now)

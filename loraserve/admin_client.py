@@ -1,4 +1,4 @@
-"""`loraserve adapters ...`: the admin API from the terminal, against a running server."""
+"""`loraserve adapters ...` and `loraserve auth`: the admin API from the terminal, against a running server."""
 
 from __future__ import annotations
 
@@ -46,6 +46,12 @@ class AdminClient:
 
     def delete(self, name: str) -> dict[str, Any]:
         return self._call("DELETE", f"/admin/adapters/{name}")
+
+    def auth(self, mode: str | None = None) -> dict[str, Any]:
+        """The inference-auth mode, set to `mode` first if given."""
+        if mode is None:
+            return self._call("GET", "/admin/auth")
+        return self._call("PUT", "/admin/auth", json={"mode": mode})
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -105,6 +105,7 @@ def _serve(args: argparse.Namespace) -> None:
     app = create_app(engine, config)
     state = app.state.loraserve
     if config.admin_token is None:
+    from loraserve.server.auth import auth_notice
         print(f"loraserve: admin token for this run (choose one with --admin-token): {state.admin_token}", flush=True)
     adapters = ", ".join(info.name for info in state.catalog.ready) or "none yet"
     print(f"loraserve: serving {state.model_name} on http://{args.host}:{args.port} (adapters: {adapters})", flush=True)
@@ -118,6 +119,7 @@ def _cluster(args: argparse.Namespace) -> None:
 
     try:
         from loraserve.cluster.deploy import cluster_app, run_cluster
+    print(f"loraserve: {auth_notice(state.tenants.auth, args.host)}", flush=True)
     except ImportError as error:
         raise LoraserveError(f"loraserve cluster needs Ray Serve: pip install 'loraserve[ray]' ({error})") from error
 
@@ -183,6 +185,14 @@ def _registry_check(args: argparse.Namespace) -> None:
     registry = Registry(url, FileStore(args.data_dir / "adapters"))
     try:
         report = check_registry(registry, repair=args.repair, min_orphan_age=args.orphan_grace)
+def _auth(args: argparse.Namespace) -> None:
+    from loraserve.admin_client import AdminClient
+
+    shown = AdminClient(args.url, args.admin_token).auth(args.mode)
+    who = "any client" if shown["mode"] == "open" else "an API key (or the admin token) is needed"
+    print(f"inference: {shown['mode']} ({who}); {shown['keys']} stored keys")
+
+
     finally:
         registry.close()
     print("\n".join(report.lines()) or f"consistent: {len(report.adapters)} adapters, every one with its files")
@@ -287,6 +297,17 @@ def main(argv: list[str] | None = None) -> None:
     _add_registry_flags(check)
     _add_setting_flags(check, ServerConfig, names=("orphan_grace",))
     check.set_defaults(run=_registry_check, orphan_grace=0.0)
+    auth = commands.add_parser(
+        "auth", help="show the inference-auth mode of a running server, or set it for every server on its registry",
+    )  # fmt: skip
+    auth.add_argument(
+        "mode", nargs="?", choices=["open", "keys"],
+        help="keys: inference needs an API key (the first key sets this too); open: any client may infer",
+    )  # fmt: skip
+    _add_url_flag(auth)
+    auth.add_argument("--admin-token", default=env("LORASERVE_ADMIN_TOKEN"))
+    auth.set_defaults(run=_auth)
+
 
     chat = commands.add_parser("chat", help="chat with an adapter (or the base model) in the terminal, streamed")
     chat.add_argument("adapter", nargs="?", help="an adapter's name (default: the base model)")

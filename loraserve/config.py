@@ -237,7 +237,11 @@ class ServerConfig(Settings):
     admin_token: str | None = setting(
         None, "bearer token of the admin API (default: a new one, printed at start)", env="LORASERVE_ADMIN_TOKEN"
     )
-    api_keys: frozenset[str] = frozenset()  # inference needs a key once any exists (these or the admin API's)
+    api_keys: frozenset[str] = frozenset()  # inference keys besides the admin API's; any closes inference to keys
+    require_api_key: bool = setting(
+        False, "close inference to API keys (and the admin token) from this start on, for every server sharing the "
+        "registry; it stays closed until an admin opens it (PUT /admin/auth)",
+    )  # fmt: skip
     max_body_bytes: int = setting(8 << 20, "largest request body but an upload", minimum=1)
     max_upload_bytes: int = setting(1 << 30, "largest adapter upload, archive included", minimum=1)
     max_unpacked_bytes: int = setting(2 << 30, "what one uploaded archive may unpack to", minimum=1)

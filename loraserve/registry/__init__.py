@@ -7,6 +7,7 @@ from loraserve.registry.database import downgrade_database, sqlite_url, upgrade_
 from loraserve.registry.file_store import FileStore
 from loraserve.registry.models import AdapterStatus
 from loraserve.registry.repository import AdapterNotFoundError, Registry, Usage
+from loraserve.registry.settings import InferenceAuth
 
 __all__ = [
     "AdapterInfo",
@@ -14,6 +15,7 @@ __all__ = [
     "AdapterStatus",
     "ApiKeyInfo",
     "FileStore",
+    "InferenceAuth",
     "KeySpec",
     "Registry",
     "Usage",

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from loraserve.errors import ApiKeyNotFoundError
 from loraserve.registry.adapter_name import validate_tenant_name
 from loraserve.registry.models import ApiKeyRow
+from loraserve.registry.settings import InferenceAuth, store_auth
 
 KEY_PREFIX = "lsk-"  # tells a loraserve key apart from other secrets (in logs, in secret scanners)
 SHOWN_PREFIX_CHARS = 10
@@ -70,7 +71,8 @@ class ApiKeys:
         self._session = session
 
     def create(self, spec: KeySpec) -> tuple[ApiKeyInfo, str]:
-        """Store a new key for `spec`; returns its record and the key itself, which is never stored."""
+        """Store a new key for `spec` and close inference to keys (settings.py) in the same transaction; returns its
+        record and the key itself, which is never stored."""
         validate_tenant_name(spec.tenant)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         allowed = None if spec.allowed_models is None else json.dumps(list(spec.allowed_models))
@@ -79,6 +81,7 @@ class ApiKeys:
         )
         with self._session(f"create an API key of tenant {spec.tenant!r}") as session:
             session.add(row)
+            store_auth(session, InferenceAuth.KEYS)
             session.commit()
             return ApiKeyInfo.of(row), key
 

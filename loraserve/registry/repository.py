@@ -37,6 +37,7 @@ from loraserve.registry.change_feed import announce, listen
 from loraserve.registry.database import check_database, create_registry_engine, driver_message, masked_url
 from loraserve.registry.file_store import FILES, FileStore
 from loraserve.registry.models import AdapterFilesRow, AdapterRow, AdapterStatus, AdapterVersionRow, utc_now
+from loraserve.registry.settings import ServerSettings
 
 if TYPE_CHECKING:
     from loraserve.lora.adapter import LoraAdapter
@@ -81,6 +82,7 @@ class Registry:
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         self._files_lock = threading.Lock()
         self.keys = ApiKeys(self._session)
+        self.settings = ServerSettings(self._session)
 
     def close(self) -> None:
         """Close the database connections."""

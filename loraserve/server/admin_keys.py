@@ -1,22 +1,23 @@
-"""Admin routes of tenants' API keys: create (the key is in this one answer), list, revoke.
+"""Admin routes of tenants' API keys: create (the key is in this one answer), list, revoke; and the inference-auth
+mode (registry/settings.py): read it, or set it (the one way to open inference again once it was closed).
 
-Listing answers from the server's memory, so it works while the registry is down; creating and revoking are registry
-writes (503 while it is down).
+Listing answers from the server's memory, so it works while the registry is down; creating and revoking keys and
+setting the mode are registry writes (503 while it is down).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.errors import InvalidRequestError
-from loraserve.registry import KeySpec
+from loraserve.registry import InferenceAuth, KeySpec
 from loraserve.registry.adapter_name import is_valid_name
-from loraserve.server.responses import KEY_SECRETS, KeyList, KeyRevoked, NewKey, record_json
-from loraserve.server.state import server_state
+from loraserve.server.responses import KEY_SECRETS, AuthMode, KeyList, KeyRevoked, NewKey, record_json
+from loraserve.server.state import ServerState, server_state
 
 router = APIRouter()
 
@@ -53,11 +54,36 @@ async def create_key(body: KeyRequest, request: Request) -> JSONResponse:
 
 @router.get("/admin/keys", response_model=KeyList)
 async def list_keys(request: Request) -> dict[str, Any]:
-    records = server_state(request).tenants.records()
-    return {"object": "list", "data": [record_json(record, KEY_SECRETS) for record in records]}
+    tenants = server_state(request).tenants
+    data = [record_json(record, KEY_SECRETS) for record in tenants.records()]
+    return {"object": "list", "data": data, "auth": tenants.auth.value}
 
 
 @router.delete("/admin/keys/{key_id}", response_model=KeyRevoked)
 async def revoke_key(key_id: Annotated[int, Path(ge=1, le=MAX_KEY_ID)], request: Request) -> dict[str, Any]:
     record = await server_state(request).tenants.revoke(key_id)
     return {"id": record.id, "tenant": record.tenant, "deleted": True}
+
+
+class AuthModeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["open", "keys"] = Field(
+        description="open: any client may infer; keys: an API key (or the admin token) is needed"
+    )
+
+
+@router.get("/admin/auth", response_model=AuthMode)
+async def auth_mode(request: Request) -> dict[str, Any]:
+    return _auth_view(server_state(request))
+
+
+@router.put("/admin/auth", response_model=AuthMode)
+async def set_auth_mode(body: AuthModeRequest, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    await state.tenants.set_auth(InferenceAuth(body.mode))
+    return _auth_view(state)
+
+
+def _auth_view(state: ServerState) -> dict[str, Any]:
+    return {"mode": state.tenants.auth.value, "keys": len(state.tenants.records())}

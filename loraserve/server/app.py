@@ -47,7 +47,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         marker.touch()
     catalog.load_registered(config.orphan_grace)
     admin.remove_stale_uploads(config.data_dir, config.orphan_grace)
-    tenants = Tenants(registry, calls, config.api_keys)
+    tenants = Tenants(registry, calls, config.api_keys, config.require_api_key)
     tenants.load()
 
     @asynccontextmanager

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 
 from fastapi import HTTPException, Request
 
+from loraserve.registry import InferenceAuth
 from loraserve.server.state import server_state
 from loraserve.server.tenants import UNKEYED_ACCESS, TenantKey
 
 
 def require_api_key(request: Request) -> None:
-    """Find the request's tenant (`grant_of`); once keys exist, inference needs one of them or the admin token."""
+    """Find the request's tenant (`grant_of`); in the `keys` mode inference needs a key or the admin token."""
     state = server_state(request)
     token = _bearer(request)
     grant = state.tenants.key_of(token) if token else None
@@ -45,3 +47,22 @@ def _bearer(request: Request) -> str:
 
 def _matches(token: str, secret: str) -> bool:
     return bool(token) and hmac.compare_digest(token.encode(), secret.encode())
+
+
+def auth_notice(auth: InferenceAuth, host: str) -> str:
+    """The start's line on who may infer: a loud warning when anyone on the network may."""
+    if auth == InferenceAuth.KEYS:
+        return "inference needs an API key (or the admin token): mode 'keys'"
+    if _is_loopback(host):
+        return "inference is open to any local client (mode 'open'); the first API key closes it"
+    return (
+        f"WARNING: inference is OPEN to anyone who can reach {host} (mode 'open'): create a key (POST /admin/keys, "
+        "the admin page) or start with --require-api-key to close it"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

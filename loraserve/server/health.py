@@ -24,6 +24,7 @@ async def health(request: Request) -> dict[str, str] | JSONResponse:
         "engine": "running",
         "registry": "ok" if available else "unavailable",
         "model": state.model_name,
+        "auth": state.tenants.auth.value,
         **state.engine.precision,
     }
 

@@ -113,6 +113,12 @@ NewKey = create_model("NewKey", __base__=KeyRecord, key=(str, Field(description=
 class KeyList(BaseModel):
     object: Literal["list"]
     data: list[KeyRecord]  # type: ignore[valid-type]
+    auth: Literal["open", "keys"]  # the inference-auth mode: whether inference needs a key
+
+
+class AuthMode(BaseModel):
+    mode: Literal["open", "keys"]
+    keys: int  # stored keys (command-line keys aside)
 
 
 class KeyRevoked(BaseModel):

@@ -3,9 +3,10 @@
 Keys come from `--api-key` on the command line (a tenant each, named "key-" + a hash of the key, weight 1, no quotas)
 and from the admin API (stored hashed in the registry, api_keys.py; a tenant may hold several, with one weight, each key
 with its own quotas). All are kept in memory, so authenticating never touches the database: inference goes on while the
-registry is down. Once any key exists, inference needs one (or the admin token); requests with the admin token, or
-without a key while none exists, are the one unkeyed tenant. Keys are read again every REFRESH_SECONDS, so one made or
-revoked through another replica sharing the database takes effect here too.
+registry is down. The registry's inference-auth mode (registry/settings.py) says whether inference needs a key (or the
+admin token): `keys` from the first key on, and for good (revoking every key leaves only the admin token), or `open`.
+Requests with the admin token, or without a key while open, are the one unkeyed tenant. Keys and the mode are read
+again every REFRESH_SECONDS, so a change made through another server sharing the database takes effect here too.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from dataclasses import dataclass
 
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotAllowedError
-from loraserve.registry import ApiKeyInfo, KeySpec, Registry, hash_key
+from loraserve.registry import ApiKeyInfo, InferenceAuth, KeySpec, Registry, hash_key
 from loraserve.server.quotas import Quota, Quotas
 from loraserve.server.registry_calls import RegistryCalls
 
 logger = logging.getLogger(__name__)
 
-REFRESH_SECONDS = 10.0
+REFRESH_SECONDS = 2.0  # a key revoked (or the mode closed) elsewhere holds here this long at most
 NO_QUOTA = Quota()
 
 
@@ -56,23 +57,38 @@ UNKEYED_ACCESS = TenantKey(UNKEYED)
 class Tenants:
     """Every key, by hash; owns the quotas' buckets. Changed only on the server's event loop."""
 
-    def __init__(self, registry: Registry, calls: RegistryCalls, command_line_keys: frozenset[str]) -> None:
+    def __init__(
+        self, registry: Registry, calls: RegistryCalls, command_line_keys: frozenset[str], require_keys: bool = False
+    ) -> None:
         self._registry = registry
         self._calls = calls
         self._command_line = {
             digest: TenantKey(Tenant("key-" + digest[:12])) for digest in map(hash_key, command_line_keys)
         }
         self._stored: dict[str, TenantKey] = {}  # by key hash: the admin API's keys
+        self._closes_at_start = require_keys or bool(command_line_keys)
+        self.auth = InferenceAuth.KEYS  # until load() reads the registry's: closed is the safe side
         self._changes = 0  # bumped by each change made here, so a refresh read before it is not applied
         self.quotas = Quotas()
 
     @property
     def keys_required(self) -> bool:
-        return bool(self._command_line or self._stored)
+        return self.auth == InferenceAuth.KEYS
 
     def load(self) -> None:
-        """Read the stored keys (at start, before serving; RegistryError if the database fails)."""
+        """Read the stored keys and the mode, closing it for `--api-key` / `--require-api-key` (at start, before
+        serving; RegistryError if the database fails)."""
+        if self._closes_at_start:
+            self._registry.settings.set_auth(InferenceAuth.KEYS)
+        self.auth = self._registry.settings.auth()
         self._replace(self._registry.keys.list())
+
+    async def set_auth(self, mode: InferenceAuth) -> None:
+        """The admin's explicit choice, for every server sharing the registry; the one way back to `open`."""
+        await self._calls(f"set the inference-auth mode to {mode.value}", self._registry.settings.set_auth, mode)
+        self.auth = mode
+        self._changes += 1
+        logger.warning("inference-auth mode set to %r by the admin", mode.value)
 
     def key_of(self, key: str) -> TenantKey | None:
         """The grant of bearer `key`, or None for an unknown key."""
@@ -92,6 +108,7 @@ class Tenants:
             )
         record, key = await self._calls(f"create an API key of {spec.tenant!r}", self._registry.keys.create, spec)
         self._stored[record.key_hash] = TenantKey.of(record)
+        self.auth = InferenceAuth.KEYS  # as the registry recorded with the key
         self._changes += 1
         return record, key
 
@@ -122,10 +139,14 @@ class Tenants:
             changes = self._changes
             try:
                 records = await self._calls("list API keys", self._registry.keys.list)
+                auth = await self._calls("read the inference-auth mode", self._registry.settings.auth)
             except LoraserveError as error:
                 logger.debug("API keys not refreshed: %s", error)
                 continue
             if changes == self._changes:  # else a change made meanwhile might be missing from `records`
+                if auth != self.auth:
+                    logger.warning("inference-auth mode is now %r (set through another server)", auth.value)
+                self.auth = auth
                 self._replace(records)
 
     def _replace(self, records: list[ApiKeyInfo]) -> None:

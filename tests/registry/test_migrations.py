@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from loraserve.errors import RegistryError
-from loraserve.registry import FileStore, Registry, downgrade_database, upgrade_database
+from loraserve.registry import FileStore, InferenceAuth, KeySpec, Registry, downgrade_database, upgrade_database
 from loraserve.registry.database import create_registry_engine
 from loraserve.registry.models import Base
 
@@ -102,3 +102,24 @@ def test_versions_migration_gives_each_existing_adapter_its_current_weights_as_f
         registry.close()
     downgrade_database(database_url, "0003")
     assert "adapter_versions" not in _tables(database_url) and "adapters" in _tables(database_url)
+
+
+@pytest.mark.parametrize("with_keys", [False, True], ids=["no-keys", "keys"])
+def test_settings_migration_closes_inference_where_keys_already_exist(
+    database_url: str, tmp_path: Path, with_keys: bool
+) -> None:
+    upgrade_database(database_url)
+    registry = Registry(database_url, FileStore(tmp_path / "store"))
+    try:
+        if with_keys:
+            registry.keys.create(KeySpec("acme"))
+    finally:
+        registry.close()
+    downgrade_database(database_url, "0004")  # the schema before the mode, served open until the first key
+    assert "settings" not in _tables(database_url)
+    upgrade_database(database_url)
+    registry = Registry(database_url, FileStore(tmp_path / "store"))
+    try:
+        assert registry.settings.auth() == (InferenceAuth.KEYS if with_keys else InferenceAuth.OPEN)
+    finally:
+        registry.close()

@@ -6,11 +6,12 @@ import io
 import json
 import shutil
 
+import httpx
 import pytest
 
 from loraserve.cli import main
 from loraserve.resources import SAMPLE_ADAPTERS
-from tests.server.conftest import ADMIN_TOKEN
+from tests.server.conftest import ADMIN_TOKEN, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +58,13 @@ def test_upload_list_show_chat_delete(server, capsys, monkeypatch, tmp_path):
         main(["adapters", "show", "cli-robot", *admin])
     with pytest.raises(SystemExit, match="403: invalid admin token"):
         main(["adapters", "list", "--url", server.url, "--admin-token", "wrong-token"])
+
+
+def test_auth_shows_and_sets_the_inference_mode(loaded_model, tmp_path, capsys):
+    for server in start_server(loaded_model, tmp_path):
+        admin = ("--url", server.url, "--admin-token", ADMIN_TOKEN)
+        assert run_cli(capsys, "auth", *admin).strip() == "inference: open (any client); 0 stored keys"
+        closed = run_cli(capsys, "auth", "keys", *admin)
+        assert closed.startswith("inference: keys (an API key (or the admin token) is needed)")
+        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}).status_code == 401
+        assert run_cli(capsys, "auth", "open", *admin).startswith("inference: open")

@@ -137,6 +137,7 @@ def test_sign_in_upload_chat_compare_pin_delete(page, ui_server):
 def test_keys_created_shown_once_used_and_revoked_from_the_page(page, ui_server):
     sign_in(page)
     page.get_by_role("button", name="Keys").click()
+    expect(page.locator("#auth-mode")).to_contain_text("Inference is open")
     form = page.locator("#key-form")
     form.get_by_label("Tenant").fill("ui-tenant")
     form.get_by_label("Weight").fill("2")
@@ -164,3 +165,10 @@ def test_keys_created_shown_once_used_and_revoked_from_the_page(page, ui_server)
     page.locator("#confirm-dialog").get_by_role("button", name="Revoke").click()
     expect(tenant).to_have_count(0)
     assert httpx.get(f"{ui_server.url}/admin/keys", headers=ADMIN).json()["data"] == []
+
+    expect(page.locator("#auth-mode")).to_contain_text("needs an API key")  # no key left: still closed
+    assert httpx.post(f"{ui_server.url}/v1/chat/completions", json=chat).status_code == 401
+    page.get_by_role("button", name="Open to everyone").click()
+    page.locator("#confirm-dialog").get_by_role("button", name="Open to everyone").click()
+    expect(page.locator("#auth-mode")).to_contain_text("Inference is open")
+    assert httpx.post(f"{ui_server.url}/v1/chat/completions", json=chat).status_code == 200

@@ -1,4 +1,5 @@
-// Tenants' API keys: the list (never the keys themselves), creating one (its key shown once), revoking.
+// Tenants' API keys: the list (never the keys themselves), creating one (its key shown once), revoking; and the
+// inference-auth mode (open, or keys), which only an admin's explicit choice opens again.
 import { actThenRefresh, call } from "./api.js";
 import { confirmThen } from "./confirm.js";
 import { element } from "./format.js";
@@ -7,13 +8,33 @@ const $ = (id) => document.getElementById(id);
 
 export async function refreshKeys() {
   try {
-    const records = (await call("GET", "/admin/keys")).data;
+    const listed = await call("GET", "/admin/keys");
+    const records = listed.data;
+    showAuth(listed.auth);
     $("keys-table").tBodies[0].replaceChildren(...records.map(row));
     $("key-count").textContent = `${records.length} keys`;
     $("keys-error").textContent = "";
   } catch (error) {
     $("keys-error").textContent = error.message;
   }
+}
+
+const AUTH = {
+  open: { text: "Inference is open: any client that reaches the server may use it.", next: "keys",
+    button: "Require keys", confirm: "Require an API key (or the admin token) for inference on every server?" },
+  keys: { text: "Inference needs an API key (or the admin token).", next: "open",
+    button: "Open to everyone", confirm: "Open inference to any client, without a key, on every server?" },
+};
+
+function showAuth(mode) {
+  const shown = AUTH[mode];
+  $("auth-mode").dataset.mode = mode;
+  $("auth-text").textContent = shown.text;
+  const toggle = $("auth-toggle");
+  toggle.textContent = shown.button;
+  toggle.className = mode === "keys" ? "danger" : "";
+  toggle.onclick = () => confirmThen(shown.confirm, shown.button,
+    () => act(() => call("PUT", "/admin/auth", { mode: shown.next })));
 }
 
 export function clearKeys() {

@@ -103,6 +103,10 @@ class AdapterVersionRow(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utc_now)
     uploaded_by: Mapped[str | None] = mapped_column(String(64))  # the admin token's id; NULL: before versions were kept
+    # When its files were checked in the child process (adapter_checks.py); NULL: never (written before checks were
+    # recorded). Every version of one content hash shares the verdict.
+    checked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    check_error: Mapped[str | None] = mapped_column(Text)  # why the check refused the files; NULL: they passed
 
 
 class AdapterFilesRow(Base):

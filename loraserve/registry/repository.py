@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loraserve.crash_points import crash_point
 from loraserve.errors import AdapterExistsError, AdapterNotFoundError, RegistryError, VersionNotFoundError
+from loraserve.registry.adapter_checks import AdapterChecks, record_check
 from loraserve.registry.adapter_info import AdapterInfo, AdapterVersion
 from loraserve.registry.adapter_name import validate_adapter_name
 from loraserve.registry.api_keys import ApiKeys
@@ -82,6 +83,7 @@ class Registry:
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         self._files_lock = threading.Lock()
         self.keys = ApiKeys(self._session)
+        self.checks = AdapterChecks(self._session)
         self.settings = ServerSettings(self._session)
 
     def close(self) -> None:
@@ -108,7 +110,7 @@ class Registry:
         uploaded_by: str | None = None,
     ) -> AdapterInfo:
         """Register the validated adapter read from `source_dir` under `name`, its first version uploaded by
-        `uploaded_by` (an admin token's id); on failure nothing is kept."""
+        `uploaded_by` (an admin token's id) and recorded checked; on failure nothing is kept."""
         validate_adapter_name(name)
         if self.get(name) is not None:
             raise AdapterExistsError(name)
@@ -129,8 +131,8 @@ class Registry:
         return AdapterInfo.of(row)
 
     def replace(self, name: str, source_dir: Path, adapter: LoraAdapter, uploaded_by: str | None = None) -> AdapterInfo:
-        """New weights under an existing name: a new version (or an older one with the same content again) becomes
-        current; the others stay for a rollback. On failure nothing changes."""
+        """New weights under an existing name, validated: a new version (or an older one with the same content again),
+        recorded checked, becomes current; the others stay for a rollback. On failure nothing changes."""
         with self._stored(source_dir, adapter.sha256), self._session(f"replace adapter {name!r}") as session:
             row = self._row(session, name)
             self._add_files(session, adapter.sha256)
@@ -143,6 +145,7 @@ class Registry:
                 )  # fmt: skip
                 session.add(version)
                 session.flush()
+            record_check(session, adapter.sha256, None)
             return self._make_current(session, row, version)
 
     def versions(self, name: str) -> builtins.list[AdapterVersion]:
@@ -356,6 +359,7 @@ class Registry:
                     target_modules=row.target_modules, size_bytes=row.size_bytes, created_at=row.created_at,
                     uploaded_by=uploaded_by,
                 ))  # fmt: skip
+                record_check(session, row.sha256, None)
                 session.commit()
             except IntegrityError as error:
                 session.rollback()

@@ -145,15 +145,22 @@ class SchedulerConfig(Settings):
         minimum=0, maximum=MAX_STOP_STRINGS,
     )  # fmt: skip
     ttft_slo: float | None = setting(
-        None, "seconds to the first token: a request predicted later is refused at once (503, Retry-After)"
-    )
+        None, "seconds to the first token of a streamed request: one predicted later is refused at once (503, "
+        "Retry-After)",
+    )  # fmt: skip
     tpot_slo: float | None = setting(
         None, "seconds per output token: the running batch is kept small enough to meet it"
     )
+    queue_slo: float | None = setting(
+        None, "seconds a non-streamed request (its client sees nothing before the end) may be predicted to wait for "
+        "its start: one predicted later is refused at once (503) with a Retry-After saying when the queue will have "
+        "room for it, each refused client its own time",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for flag, target in (("--ttft-slo", self.ttft_slo), ("--tpot-slo", self.tpot_slo)):
+        targets = (("--ttft-slo", self.ttft_slo), ("--tpot-slo", self.tpot_slo), ("--queue-slo", self.queue_slo))
+        for flag, target in targets:
             if target is not None and not 0 < target < float("inf"):
                 raise ConfigError(flag, f"must be a positive number of seconds, got {target}")
 

@@ -1,6 +1,12 @@
 """SLO-aware admission: a running batch small enough for the TPOT target, and no request let in that
-cannot get its first token within the TTFT target (past capacity, admitting everything makes every
-token slow and every first token late). Without targets nothing changes. Plain Python.
+cannot be served in time (past capacity, admitting everything makes every token slow and every first
+token late). Without targets nothing changes. Plain Python.
+
+"In time" depends on what the client sees. A streamed request's user sees the first token: it must
+come within the TTFT target. A non-streamed request's client sees nothing before the end and waits
+for it (the `openai` client ten minutes): it may queue up to the queue target, and one refused is
+told in Retry-After when the queue will have room for it, each its own time (retry_schedule.py), so
+a burst of a batch client's requests is served in full as its retries come back.
 
 The scheduler runs at most `running_cap` sequences: the most whose decode step the learnt costs
 (step_costs.py) put within TPOT_HEADROOM of the TPOT target, leaving room for prompt chunks. A new
@@ -10,17 +16,19 @@ and, with the batch full, the running sequences that must finish to make room. O
 TTFT_HEADROOM of the target is refused at once (OverloadedError: 503, Retry-After), before any token,
 so admitted streams keep their SLO and the client can go elsewhere. Predictions err (a cold start, a
 burst of long prompts): every step the waiting requests are predicted again, and one now past the
-target is refused then (`late_requests`), still before any token.
+target is refused then (`late_requests`), still before any token. A non-streamed request admitted is
+never refused later: its client waits for it, and a late refusal would only cost it a retry.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loraserve.config import SchedulerConfig
 from loraserve.engine.fair_share import FairShare, Tenant
+from loraserve.engine.retry_schedule import RetrySchedule
 from loraserve.engine.sequence import Request, Sequence
 from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
@@ -29,6 +37,9 @@ TPOT_HEADROOM = 0.8  # share of the TPOT target a decode step may take; the rest
 # Share of the TTFT target a predicted first-token delay may take: predictions err both ways, and a
 # request admitted late costs its stream the SLO while one refused early can go elsewhere at once.
 TTFT_HEADROOM = 0.8
+# Where a refused non-streamed request is told to come back: when its wait will be this share of the
+# queue target, so a return still gets in when the queue drained up to a tenth slower than foreseen.
+RETURN_HEADROOM = 0.9
 
 
 @dataclass
@@ -41,6 +52,7 @@ class Admission:
     num_admitted: int = 0
     num_refused: int = 0
     num_refused_late: int = 0  # of those admitted, refused before their first step (`late_requests`)
+    retries: RetrySchedule = field(default_factory=RetrySchedule)  # when refused non-streamed requests come back
 
     @property
     def running_cap(self) -> int:
@@ -71,8 +83,27 @@ class Admission:
         prompt_steps = math.ceil(prompt_tokens / self.config.max_num_batched_tokens)
         return wait + prompt_steps * step + self.costs.prompt_seconds(prompt_tokens)
 
-    def check(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> None:
-        """Refuse `request` (OverloadedError) if it cannot get its first token within the TTFT target."""
+    def queue_seconds(self, request: Request) -> float:
+        """What `request` adds to the predicted wait of those queued behind it, the batch full: its prompt's
+        compute and its share of a wave of the running batch (as `first_token_delay` counts them)."""
+        cap = self.running_cap
+        step = self.costs.step_seconds(cap)
+        num_prompt_tokens = len(request.prompt_token_ids)
+        prompt = (
+            self.costs.prompt_seconds(num_prompt_tokens) + num_prompt_tokens / self.config.max_num_batched_tokens * step
+        )
+        return prompt + self.costs.expected_output_tokens(request.params.max_tokens) * step / cap
+
+    def check(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence], now: float) -> None:
+        """Refuse `request` (OverloadedError) if it cannot be served in time: streamed, its first token within
+        the TTFT target; else its start within the queue target, keeping the promises made to those refused."""
+        if request.is_streamed:
+            self._check_first_token(request, running, waiting)
+        else:
+            self._check_queue(request, running, waiting, now)
+        self.num_admitted += 1
+
+    def _check_first_token(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> None:
         target = self.config.ttft_slo
         delay = self.first_token_delay(request, running, waiting) if target and self.costs.is_ready else 0.0
         if target is not None and delay > TTFT_HEADROOM * target:
@@ -82,7 +113,21 @@ class Admission:
                 f"{target:g} s target; retry later or elsewhere",
                 retry_after=delay - TTFT_HEADROOM * target,
             )
-        self.num_admitted += 1
+
+    def _check_queue(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence], now: float) -> None:
+        target = self.config.queue_slo
+        if target is None or not self.costs.is_ready:
+            return
+        wait = self.first_token_delay(request, running, waiting)
+        if wait <= target + min(0.0, self.retries.room(now)):
+            return
+        self.num_refused += 1
+        retry_after = self.retries.promise(now, wait, self.queue_seconds(request), RETURN_HEADROOM * target)
+        raise OverloadedError(
+            f"the server is at capacity: this request would wait about {wait:.0f} s to start, past the {target:g} s "
+            f"target, or behind requests told to come back first; retry in {math.ceil(retry_after)} s",
+            retry_after=retry_after,
+        )
 
     def late_requests(self, now: float, running: list[Sequence], waiting: Iterable[Sequence]) -> Iterator[Request]:
         """The waiting requests not started yet whose first token is now predicted past their TTFT target,
@@ -94,7 +139,11 @@ class Admission:
         for seq in waiting:
             request = seq.request
             started = request.first_scheduled_time is not None
-            if not started and now + self.first_token_delay(request, running, ahead) > request.arrival_time + target:
+            if (
+                request.is_streamed
+                and not started
+                and now + self.first_token_delay(request, running, ahead) > request.arrival_time + target
+            ):
                 self.num_refused_late += 1
                 yield request
                 continue

@@ -149,12 +149,15 @@ class AsyncLLMEngine:
         priority: int = 0,
         timeout: float | None = None,
         tenant: Tenant = UNKEYED,
+        is_streamed: bool = True,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Yield the request's output after every step that touched it, the last one finished."""
+        """Yield the request's output after every step that touched it, the last one finished. `is_streamed`:
+        whether the client sees them as they come or only the last (LLMEngine.add_request)."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         add = functools.partial(
-            self.engine.add_request, params=params, adapter=adapter, priority=priority, timeout=timeout, tenant=tenant
-        )
+            self.engine.add_request, params=params, adapter=adapter, priority=priority, timeout=timeout, tenant=tenant,
+            is_streamed=is_streamed,
+        )  # fmt: skip
         token_ids = await self.offload(self._prepare, prompt, params)
         text = prompt if isinstance(prompt, str) else None
 

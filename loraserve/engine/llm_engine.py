@@ -183,13 +183,15 @@ class LLMEngine:
         priority: int = 0,
         timeout: float | None = None,
         tenant: Tenant = UNKEYED,
+        is_streamed: bool = True,
     ) -> Request:
         """Queue a prompt (text, tokenized as `tokenizer(text)` does, or token ids), with an adapter or none.
 
         `text`: the text that token ids were tokenized from (`tokenize`), reported with the outputs.
         `priority`: lower first. `timeout`: seconds after which it is dropped if it has not started.
-        `tenant`: whose fair share of the engine serves it (fair_share.py).
-        OverloadedError when SLO targets are set and it would miss its TTFT (admission.py).
+        `tenant`: whose fair share of the engine serves it (fair_share.py). `is_streamed`: whether its client
+        sees tokens as they come or only the whole answer, which decides the SLO target that admits it.
+        OverloadedError when SLO targets are set and it would miss its target (admission.py).
         """
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -211,6 +213,7 @@ class LLMEngine:
             priority=priority,
             tenant=tenant,
             deadline=None if timeout is None else arrival_time + timeout,
+            is_streamed=is_streamed,
             grammar=grammar,
         )
         self.scheduler.add_request(request)  # first: a request it refuses (overloaded) must leave nothing here

@@ -102,8 +102,8 @@ class Scheduler:
         self.speculation = SpeculationStats()
 
     def add_request(self, request: Request) -> None:
-        """Queue the request behind those of its priority or better; OverloadedError if it would miss its TTFT."""
-        self.admission.check(request, self.running, self.waiting)
+        """Queue the request behind those of its priority or better; OverloadedError if it would miss its target."""
+        self.admission.check(request, self.running, self.waiting, self.clock())
         active = {seq.request.tenant for seq in itertools.chain(self.waiting, self.running)}
         if request.tenant not in active:
             self.fair_share.activate(request.tenant, active)

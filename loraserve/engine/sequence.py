@@ -35,6 +35,9 @@ class Request:
     priority: int = 0  # lower is scheduled first; equal priorities by fair share between tenants
     tenant: Tenant = UNKEYED  # whose share it is served from (fair_share.py)
     deadline: float | None = None  # monotonic time after which it is dropped if still waiting for its start
+    # Whether its client sees the tokens as they come (then the first one is late past the TTFT target) or only the
+    # whole answer (then its wait for a start counts, against the queue target): admission.py.
+    is_streamed: bool = True
     seqs: list[Sequence] = field(default_factory=list)
     first_scheduled_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first scheduled

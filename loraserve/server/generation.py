@@ -87,15 +87,16 @@ def fields_named(names: Mapping[str, str]) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Scheduling:
-    """Where a request queues: `priority` (lower first, vLLM's field), `timeout` (seconds to start) and whose fair share
-    and quotas serve it (the API key's grant)."""
+    """Where a request queues: `priority` (lower first, vLLM's field), `timeout` (seconds to start), whose fair share
+    and quotas serve it (the API key's grant) and whether it is streamed (which SLO target admits it)."""
 
     priority: int = 0
     timeout: float | None = None
     grant: TenantKey = UNKEYED_ACCESS
+    is_streamed: bool = True
 
     @classmethod
-    def of(cls, http: Request, priority: object = 0, timeout: object = None) -> Scheduling:
+    def of(cls, http: Request, is_streamed: bool, priority: object = 0, timeout: object = None) -> Scheduling:
         """From the body's fields and the X-Request-Timeout header (the field wins); 400 naming what is wrong."""
         if not (isinstance(priority, int) and not isinstance(priority, bool) and INT64_MIN <= priority <= INT64_MAX):
             raise InvalidRequestError("priority", f"must be an integer in int64, got {priority!r}")
@@ -105,10 +106,10 @@ class Scheduling:
             with suppress(ValueError):  # else refused below, as the text it is
                 timeout = float(timeout)
         if timeout is None:
-            return cls(priority, None, grant_of(http))
+            return cls(priority, None, grant_of(http), is_streamed)
         if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
             raise InvalidRequestError(field, f"must be a positive number of seconds, got {timeout!r}")
-        return cls(priority, float(timeout), grant_of(http))
+        return cls(priority, float(timeout), grant_of(http), is_streamed)
 
 
 async def generate(
@@ -126,7 +127,9 @@ async def generate(
     grant, tenant = scheduling.grant, scheduling.grant.tenant
     for model in [part.name for part in target.parts] or [adapter or state.model_name]:
         state.tenants.admit(grant, model)  # a mix needs the key's leave for every part
-    stream = state.engine.generate(request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, tenant)
+    stream = state.engine.generate(
+        request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, tenant, scheduling.is_streamed
+    )
     last: RequestOutput | None = None
     try:
         # Closing the engine's stream (leaving this block) aborts the request and frees its blocks.

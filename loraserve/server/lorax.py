@@ -122,7 +122,9 @@ _FIELD_NAMES = {
 }
 
 
-async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator[RequestOutput], RequestOutput]:
+async def _start(
+    request: Request, body: GenerateRequest, is_streamed: bool
+) -> tuple[AsyncIterator[RequestOutput], RequestOutput]:
     state = server_state(request)
     parameters = body.parameters
     with fields_named(_FIELD_NAMES):
@@ -134,14 +136,15 @@ async def _start(request: Request, body: GenerateRequest) -> tuple[AsyncIterator
             if parameters.truncate < 1:
                 raise InvalidRequestError("parameters.truncate", f"must be at least 1, got {parameters.truncate}")
             prompt = (await state.engine.offload(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
-        outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, target, Scheduling.of(request))
+        scheduling = Scheduling.of(request, is_streamed)
+        outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, target, scheduling)
         # Awaited here so a refused request is a plain error, not a broken stream.
         return outputs, await anext(outputs)
 
 
 async def _complete(request: Request, body: GenerateRequest) -> GenerateResponse:
     state = server_state(request)
-    outputs, final = await _start(request, body)
+    outputs, final = await _start(request, body, is_streamed=False)
     async for final in outputs:  # noqa: B007 - only the finished output is answered
         pass
     completion = final.outputs[0]
@@ -157,7 +160,7 @@ async def _complete(request: Request, body: GenerateRequest) -> GenerateResponse
 
 async def _stream(request: Request, body: GenerateRequest) -> StreamingResponse:
     state = server_state(request)
-    outputs, first = await _start(request, body)
+    outputs, first = await _start(request, body, is_streamed=True)
 
     async def events() -> AsyncIterator[str]:
         sent_tokens, sent_text = 0, ""

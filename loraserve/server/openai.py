@@ -111,7 +111,7 @@ async def _respond(
     fmt: _Format,
 ) -> JSONResponse | StreamingResponse:
     request_id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
-    scheduling = Scheduling.of(request, body.priority, body.timeout)
+    scheduling = Scheduling.of(request, bool(body.stream), body.priority, body.timeout)
     outputs = generate(request, request_id, prompt, params, target, scheduling)
     # The first output is awaited here so a refused request is a plain error, not a broken stream.
     first = await anext(outputs)

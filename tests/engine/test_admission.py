@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from loraserve.engine.fair_share import Tenant
@@ -156,3 +158,85 @@ def test_a_refused_request_leaves_nothing_behind(make_llm):
     engine.remove_adapter("pirate")
     engine.add_adapter("pirate", SAMPLES / "pirate")  # the name is free: nothing of "r" holds it
     assert not engine.has_unfinished_requests()
+
+
+def batch_request(request_id: str, arrival_time: float, max_tokens: int = 8) -> Request:
+    """A non-streamed request: its client sees nothing before the end."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return Request(request_id, None, [100, 101, 102, 103], params, arrival_time=arrival_time, is_streamed=False)
+
+
+def test_a_non_streamed_request_queues_to_the_queue_target_where_a_streamed_one_is_refused(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=4, ttft_slo=0.5, queue_slo=30.0)
+    scheduler.clock = lambda: 0.0
+    taught(scheduler.costs)
+    for i in range(40):  # ten waves of 4, 8 tokens of ~20 ms each: seconds of queue, within 30 s
+        scheduler.add_request(batch_request(f"batch-{i}", 0.0))
+    with pytest.raises(OverloadedError):  # its user would see the first token seconds from now
+        add(scheduler, "stream", prompt_len=4, max_tokens=8)
+    assert scheduler.admission.num_refused == 1 and scheduler.admission.num_admitted == 40
+
+
+def test_refused_non_streamed_requests_are_told_times_one_after_another(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=4, queue_slo=1.0)
+    scheduler.clock = lambda: 0.0
+    taught(scheduler.costs)
+    retry_afters = []
+    for i in range(60):
+        try:
+            scheduler.add_request(batch_request(f"batch-{i}", 0.0))
+        except OverloadedError as error:
+            retry_afters.append(error.retry_after)
+    assert len(retry_afters) > 10
+    assert retry_afters == sorted(retry_afters) and len(set(retry_afters)) == len(retry_afters), "no herd"
+    per_request = scheduler.admission.queue_seconds(batch_request("probe", 0.0))
+    assert retry_afters[-1] - retry_afters[0] == pytest.approx((len(retry_afters) - 1) * per_request)
+
+
+def test_a_non_streamed_request_once_queued_is_never_refused_late(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=1, ttft_slo=1.0, queue_slo=5.0)
+    now = [0.0]
+    scheduler.clock = lambda: now[0]
+    taught(scheduler.costs)
+    add(scheduler, "running", prompt_len=4, max_tokens=8)
+    step(scheduler)
+    queued = batch_request("queued", 0.0)
+    scheduler.add_request(queued)
+    now[0] = 3.0  # far slower than foreseen: a streamed request would be refused now
+    step(scheduler)
+    assert not scheduler.take_failed() and queued.error is None
+
+
+def test_a_burst_from_clients_that_retry_twice_as_told_is_served_in_full(tokenizer):  # noqa: F811
+    """The `openai` client's default: two retries, each after the Retry-After it was told. Time runs with the
+    steps, each taking what `taught` says; 300 requests at once into a queue target of a tenth of their time."""
+    scheduler = make_scheduler(tokenizer, num_blocks=1024, max_num_seqs=16, queue_slo=0.6)
+    now = [0.0]
+    scheduler.clock = lambda: now[0]
+    taught(scheduler.costs)
+    arrivals = [(0.0, i, 2) for i in range(300)]  # (time, request, retries left)
+    requests, failed, refusals = [], [], 0
+    while arrivals or scheduler.has_unfinished():
+        arrivals.sort()
+        while arrivals and arrivals[0][0] <= now[0]:
+            _, i, retries = arrivals.pop(0)
+            request = batch_request(f"batch-{i}", now[0])
+            try:
+                scheduler.add_request(request)
+                requests.append(request)
+            except OverloadedError as error:
+                refusals += 1
+                if retries:
+                    arrivals.append((now[0] + math.ceil(error.retry_after), i, retries - 1))
+                else:
+                    failed.append(i)
+        if not scheduler.has_unfinished():
+            now[0] = arrivals[0][0]
+            continue
+        batch = step(scheduler)
+        prompt_tokens = sum(item.num_new_tokens for item in batch.prefills)
+        seconds = 0.010 + 0.002 * len(batch.scheduled) + 0.0005 * prompt_tokens
+        scheduler.costs.observe(len(batch.scheduled), prompt_tokens, seconds)
+        now[0] += seconds
+    assert refusals > 100, "the burst is well past the queue target"
+    assert not failed and len(requests) == 300 and all(request.is_finished for request in requests)

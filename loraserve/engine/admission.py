@@ -56,11 +56,14 @@ class Admission:
 
     @property
     def running_cap(self) -> int:
-        """The most sequences to run at once: --max-num-seqs, or fewer to meet the TPOT target."""
+        """The most sequences to run at once: --max-num-seqs, or fewer to meet the TPOT target, but never fewer than
+        a step needs to do half the work it could. Below that the machine cannot meet the target (a larger model,
+        other processes on its cores), and a smaller batch would only cut throughput, make the queue longer and
+        every wait with it: a default target must not turn a slow machine into one serving a sequence at a time."""
         limit, target = self.config.max_num_seqs, self.config.tpot_slo
         if target is None or not self.costs.is_ready:
             return limit
-        return self.costs.max_seqs_within(TPOT_HEADROOM * target, limit)
+        return max(self.costs.max_seqs_within(TPOT_HEADROOM * target, limit), self.costs.half_throughput_seqs(limit))
 
     def first_token_delay(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> float:
         """Predicted seconds from now to `request`'s first token, were it queued now."""

@@ -107,6 +107,13 @@ class StepCosts:
             return limit
         return max(1, min(limit, int((seconds - fixed) / per_seq + 1e-9)))  # 19.999... is 20
 
+    def half_throughput_seqs(self, limit: int) -> int:
+        """The fewest sequences at which a step does half the work it could: as much per-sequence cost as fixed."""
+        fixed, per_seq = self._per_seq_with_prompts()
+        if per_seq <= 0:
+            return limit
+        return max(1, min(limit, int(fixed / per_seq + 1e-9)))
+
     def _per_seq_with_prompts(self) -> tuple[float, float]:
         """(fixed, per sequence) seconds of a step, each running sequence bringing its share of prompt
         tokens (those of the requests that replace the finishing ones): prompt tokens per sequence-step seen."""

@@ -240,3 +240,11 @@ def test_a_burst_from_clients_that_retry_twice_as_told_is_served_in_full(tokeniz
         now[0] += seconds
     assert refusals > 100, "the burst is well past the queue target"
     assert not failed and len(requests) == 300 and all(request.is_finished for request in requests)
+
+
+def test_a_tpot_target_the_machine_cannot_meet_leaves_the_batch_at_half_throughput_not_one_sequence(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, tpot_slo=0.1)
+    for num_seqs in (1, 2, 4, 8, 16, 8, 4):  # a loaded machine: 90 ms a step and 3 ms a sequence
+        scheduler.costs.observe(num_seqs, 0, 0.090 + 0.003 * num_seqs)
+    assert scheduler.costs.max_seqs_within(0.8 * 0.1, limit=128) == 1, "no batch meets the target"
+    assert scheduler.admission.running_cap == 30  # 90 ms / 3 ms: a step does half the work it could

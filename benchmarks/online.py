@@ -181,9 +181,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=0.0, help="seconds of arrivals per rate (more requests)")
     parser.add_argument(
         "--sweep", action="store_true",
-        help="past capacity: loraserve with and without --ttft-slo/--tpot-slo, and vLLM, at rates up to twice the "
-        "knee (defaults: 4 adapters, 15 s a rate, rates 2-24/s); writes the section 'overload'",
+        help="past capacity: loraserve with its defaults and with --slo off, and vLLM, at rates up to twice the "
+        "knee (defaults: 4 adapters, 15 s a rate, rates 2-24/s), then loraserve's --burst; writes the section "
+        "'overload'",
     )  # fmt: skip
+    parser.add_argument(
+        "--burst", type=int, default=1000,
+        help="--sweep: non-streamed requests sent at once from the openai client after each loraserve sweep (0: none)",
+    )  # fmt: skip
+    parser.add_argument("--burst-tokens", type=int, default=32, help="--sweep: new tokens of each burst request")
     parser.add_argument("--prompt-len", default="chat", help='"chat", N tokens, or uniform:LOW-HIGH')
     parser.add_argument("--output-len", default="64", help="N tokens, or uniform:LOW-HIGH")
     parser.add_argument("--slo-ttft", type=float, default=1.0, help="seconds")

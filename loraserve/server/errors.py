@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import loraserve.errors as domain
+from loraserve.server.chat_messages import ROLES
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,22 @@ def stream_error_event(error: domain.LoraserveError) -> str:
     return f"data: {json.dumps(domain_error(error)[1], ensure_ascii=False)}\n\n"
 
 
+def field_path(error: dict[str, Any]) -> str:
+    """A validation error's location as the client wrote the field (`messages.0.content`): without the "body" it sits
+    in, nor the labels pydantic adds for unions: a message's role after its index (`messages.0.tool.content`), a
+    branch's type (`prompt.constrained-str`). An unknown key is named as sent, whatever it holds."""
+    loc = [part for part in error["loc"] if part != "body"]
+    kept = [
+        part
+        for i, part in enumerate(loc)
+        if not (part in ROLES and i > 0 and isinstance(loc[i - 1], int))
+        and not (isinstance(part, str) and (part.startswith("constrained-") or "[" in part))
+    ]
+    if error["type"] == "extra_forbidden" and loc and kept[-1:] != loc[-1:]:
+        kept.append(loc[-1])
+    return ".".join(str(part) for part in kept)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(domain.LoraserveError)
     async def known(_: Request, error: domain.LoraserveError) -> JSONResponse:
@@ -127,7 +144,7 @@ def install_error_handlers(app: FastAPI) -> None:
             reason = first.get("ctx", {}).get("error", "JSON decode error")
             return error_response(400, f"the body is not valid JSON: {reason} at character {position}",
                                   "invalid_request_error", "invalid_json")  # fmt: skip
-        where = ".".join(str(part) for part in first["loc"] if part != "body")
+        where = field_path(first)
         problem = "is not supported by loraserve" if first["type"] == "extra_forbidden" else first["msg"]
         return error_response(400, f"{where}: {problem}", "invalid_request_error", where or "body")
 
@@ -135,7 +152,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(error.status_code, str(error.status_code))
         error_type = "invalid_request_error" if error.status_code < 500 else "server_error"
-        return error_response(error.status_code, str(error.detail), error_type, code)
+        response = error_response(error.status_code, str(error.detail), error_type, code)
+        response.headers.update(error.headers or {})  # a 405's Allow: the methods the path does take (RFC 9110)
+        return response
 
     @app.exception_handler(Exception)
     async def unforeseen(request: Request, error: Exception) -> JSONResponse:

@@ -35,7 +35,11 @@ DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 
 
 class GenerateParameters(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """lorax-client's Parameters, every one of which it sends (null or its default when not asked); any other key is
+    refused by name (parameters.foo), as are those loraserve does not implement when set."""
+
+    model_config = ConfigDict(extra="forbid")
+
 
     adapter_id: str | None = None
     adapter_source: str | None = None  # every adapter comes from the registry, whatever the source says
@@ -89,7 +93,7 @@ class GenerateParameters(BaseModel):
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    inputs: str
+    inputs: str = Field(min_length=1)  # an empty prompt has nothing to continue
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
     stream: bool = False
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from loraserve.engine import SamplingParams
 from loraserve.engine.structured_output import StructuredOutput
 from loraserve.errors import InvalidRequestError
+from loraserve.server.chat_messages import ChatMessage
 from loraserve.server.structured import ToolCall, from_response_format, from_structured_outputs
 
 
@@ -24,7 +25,7 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str = Field(min_length=1)  # an adapter's name or the base model's id
     # OpenAI's fields that change nothing in the answer: accepted, whatever they hold.
     user: Any = None
     metadata: Any = None
@@ -92,24 +93,10 @@ _SAME_NAMED = {f.name for f in fields(SamplingParams)} & SamplingFields.model_fi
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
+    # Text or token ids, neither empty (nothing to continue); a token id is an integer, never `true`.
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[StrictInt], Field(min_length=1)]
     max_tokens: int = 16
     logprobs: int | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | None = None  # None only for an assistant turn that called a tool
-    tool_calls: list[dict[str, Any]] | None = None  # that turn's calls (OpenAI's shape), for the chat template
-    tool_call_id: str | None = None  # a tool's answer: the call it answers
-
-    def template_message(self, index: int) -> dict[str, Any]:
-        """As the chat template takes it; InvalidRequestError naming `messages.{index}.content` if it has none."""
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise InvalidRequestError(f"messages.{index}.content", "is required (but for an assistant's tool calls)")
-        return {**self.model_dump(exclude_none=True), "content": self.content or ""}
 
 
 class ChatCompletionRequest(SamplingFields):

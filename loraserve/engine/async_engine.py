@@ -30,6 +30,7 @@ from loraserve.engine.outputs import RequestOutput
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.errors import EngineDeadError
 from loraserve.lora.adapter import LoraAdapter
+from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.mix_spec import MixSpec
 from loraserve.models.dtypes import dtype_name
 from loraserve.openmp import keep_serial
@@ -86,6 +87,10 @@ class AsyncLLMEngine:
     def read_adapter(self, path: Path, trusted: bool = True) -> LoraAdapter:
         """Read and validate a PEFT directory; an untrusted one (an upload) in the sandbox."""
         return self.engine.read_adapter(path, trusted)
+
+    def check_adapter(self, path: Path) -> AdapterConfig:
+        """Check a PEFT directory in the sandbox only (stored files not checked yet); raises AdapterError."""
+        return self.engine.check_adapter(path)
 
     def register_adapter(
         self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None

@@ -28,6 +28,7 @@ from loraserve.engine.step_isolation import run_isolating_failures
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.errors import AdapterError, InvalidRequestError, UnknownAdapterError
 from loraserve.lora.adapter import LoraAdapter, read_adapter
+from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.adapter_sandbox import check_untrusted_adapter
 from loraserve.lora.adapter_state import AdapterSource, AdapterState
 from loraserve.lora.dora import with_dora_scales
@@ -101,11 +102,16 @@ class LLMEngine:
         Touches no engine state: any thread may call it, beside a running step.
         """
         path, spec, max_rank = Path(path), self.loaded.model.spec, self.config.lora.max_lora_rank
-        max_value = largest_finite(self.loaded.dtype)
-        config = None if trusted else check_untrusted_adapter(path, spec, max_rank, max_value)
+        config = None if trusted else self.check_adapter(path)
         base_names = frozenset({self.loaded.name, self.loaded.model_dir.name})
-        adapter = read_adapter(path, spec, max_rank, base_names, max_value, config)
+        adapter = read_adapter(path, spec, max_rank, base_names, largest_finite(self.loaded.dtype), config)
         return with_dora_scales(adapter, self.loaded.model)  # from the weights only: once, here
+
+    def check_adapter(self, path: Path) -> AdapterConfig:
+        """Check the PEFT directory against this base model in a child process, reading nothing into this one
+        (adapter_sandbox.py); its parsed config, or AdapterError naming why not. Blocks only the calling thread."""
+        spec, max_rank = self.loaded.model.spec, self.config.lora.max_lora_rank
+        return check_untrusted_adapter(path, spec, max_rank, largest_finite(self.loaded.dtype))
 
     def read_source(self, source: AdapterSource) -> LoraAdapter:
         """A registered adapter's weights: its directory read, or a mix made from its parts."""

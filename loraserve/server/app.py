@@ -59,6 +59,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
             catalog.flush_usage_forever(),
             tenants.refresh_forever(),
             catalog.follow_registry_forever(),
+            catalog.check_stored(),
         )
         background = [asyncio.create_task(loop) for loop in loops]
         try:

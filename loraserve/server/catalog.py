@@ -24,15 +24,20 @@ from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.errors import (
     AdapterError,
     AdapterExistsError,
+    AdapterNotFoundError,
     AdapterRetiringError,
+    AdapterUnavailableError,
     RegistryUnavailableError,
     UnknownAdapterError,
+    VersionNotFoundError,
 )
 from loraserve.lora.adapter import CONFIG_FILE, LoraAdapter
 from loraserve.registry import AdapterInfo, AdapterStatus, Registry
+from loraserve.registry.adapter_checks import failure_reason
 from loraserve.registry.adapter_info import AdapterVersion
 from loraserve.registry.consistency import check_registry
 from loraserve.server.registry_calls import RegistryCalls
+from loraserve.server.stored_checks import StoredChecks
 from loraserve.server.usage_buffer import UsageBuffer
 
 logger = logging.getLogger(__name__)
@@ -50,16 +55,21 @@ class AdapterCatalog:
         self.engine = engine
         self.base_model = engine.model_name
         self.usage = UsageBuffer()  # finished requests' counts, for the next flush
+        self.checks = StoredChecks(registry, calls, engine)  # stored files no check has recorded
         self._name_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._changes: set[asyncio.Task[object]] = set()  # referenced until done, or they may vanish
 
     def load_registered(self, min_orphan_age: float) -> None:
         """At start (before the engine thread runs): check the registry against its files, removing the orphans of a
-        crash mid-upload (consistency.py), and serve the sound adapters."""
+        crash mid-upload (consistency.py), and serve the sound adapters whose files were checked (the others once
+        `check_stored` checked them)."""
         report = check_registry(self.registry, repair=True, min_orphan_age=min_orphan_age)
+        waiting = self.checks.load()
         for info in report.adapters:
             if info.status != "ready":
                 logger.warning("adapter %r not served: %s", info.name, info.status_reason)
+                continue
+            if info.name in waiting:
                 continue
             # Read at its first request (the hash was just checked); thousands may be registered.
             self.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256, served_as=info)
@@ -77,11 +87,18 @@ class AdapterCatalog:
             with contextlib.suppress(AdapterExistsError):  # another server sharing the database was first
                 self.registry.create(path.name, path, adapter, self.base_model, None, lines[0] if lines else None)
 
+    async def check_stored(self) -> None:
+        """Check in the child the stored files found unchecked at start, serving each adapter once its check passed."""
+        await self.checks.run(self.sync)
+
     def get(self, name: str) -> AdapterInfo:
-        """The ready adapter called `name`; UnknownAdapterError (404) otherwise."""
-        if (info := self.engine.served_as(name)) is None:
-            raise UnknownAdapterError(name)
-        return cast(AdapterInfo, info)
+        """The ready adapter called `name`; AdapterUnavailableError (503) while its stored files are checked,
+        UnknownAdapterError (404) otherwise."""
+        if (info := self.engine.served_as(name)) is not None:
+            return cast(AdapterInfo, info)
+        if self.checks.is_waiting(name):
+            raise AdapterUnavailableError(f"adapter {name!r} is served once its stored files are checked: try again")
+        raise UnknownAdapterError(name)
 
     @property
     def ready(self) -> list[AdapterInfo]:
@@ -143,9 +160,15 @@ class AdapterCatalog:
         return await self._change(name, change())
 
     async def rollback(self, name: str, sha256: str) -> AdapterInfo:
-        """Serve an earlier version again (VersionNotFoundError, 404, for a content it never had)."""
+        """Serve an earlier version again (VersionNotFoundError, 404, for a content it never had; AdapterError, 422,
+        for one whose check refused its files)."""
 
         async def change() -> AdapterInfo:
+            if sha256 not in {version.sha256 for version in await self.versions(name)}:
+                raise VersionNotFoundError(name, sha256)
+            # Its check's verdict: recorded, or run now (the start's checks have not come to it yet).
+            if (problem := await self.checks.problem(sha256)) is not None:
+                raise AdapterError("sha256", f"version {sha256} {failure_reason(problem)}")
             info = await self.calls(f"roll adapter {name!r} back", self.registry.rollback, name, sha256, wait=True)
             await self._serve_version(info, None)
             return info
@@ -256,6 +279,7 @@ class AdapterCatalog:
         async def change() -> None:
             info = await self.record(name)  # read under the name's lock: no change of this server's overtakes it
             served = cast(AdapterInfo | None, self.engine.served_as(name))
+            info = await self._checked(info, served)
             if info is None or info.status is not AdapterStatus.READY:
                 if served is not None:  # deleted or failed: its requests finish first
                     await self._stop_serving(name)
@@ -273,6 +297,18 @@ class AdapterCatalog:
                     self._apply_pin(info)
 
         await self._change(name, change())
+
+    async def _checked(self, info: AdapterInfo | None, served: AdapterInfo | None) -> AdapterInfo | None:
+        """The record `info`, or, when it names ready files this server does not serve yet and their check refused
+        them, it marked failed (None: deleted meanwhile)."""
+        if info is None or info.status is not AdapterStatus.READY or (served and served.sha256 == info.sha256):
+            return info
+        if (problem := await self.checks.problem(info.sha256)) is None:
+            return info
+        with contextlib.suppress(AdapterNotFoundError):
+            mark_failed, reason = self.registry.mark_failed, failure_reason(problem)
+            return await self.calls(f"mark adapter {info.name!r} failed", mark_failed, info.name, reason, wait=True)
+        return None
 
     def _apply_pin(self, info: AdapterInfo) -> None:
         if info.pinned == self.engine.is_pinned(info.name):

@@ -40,7 +40,6 @@ class GenerateParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-
     adapter_id: str | None = None
     adapter_source: str | None = None  # every adapter comes from the registry, whatever the source says
     api_token: str | None = None

@@ -105,6 +105,7 @@ def _serve(args: argparse.Namespace) -> None:
     from loraserve.engine.async_engine import AsyncLLMEngine
     from loraserve.openmp import in_passing_thread, keep_serial
     from loraserve.server.app import create_app
+    from loraserve.server.auth import auth_notice
     from loraserve.server.process import run_server
 
     config = _server_config(args)
@@ -115,10 +116,10 @@ def _serve(args: argparse.Namespace) -> None:
     app = create_app(engine, config)
     state = app.state.loraserve
     if config.admin_token is None:
-    from loraserve.server.auth import auth_notice
         print(f"loraserve: admin token for this run (choose one with --admin-token): {state.admin_token}", flush=True)
     adapters = ", ".join(info.name for info in state.catalog.ready) or "none yet"
     print(f"loraserve: serving {state.model_name} on http://{args.host}:{args.port} (adapters: {adapters})", flush=True)
+    print(f"loraserve: {auth_notice(state.tenants.auth, args.host)}", flush=True)
     if run_server(app, engine, args.host, args.port, args.exit_on_engine_death, config.drain_timeout):
         sys.exit(f"loraserve: exiting because the engine stopped: {engine.error!r}")
 
@@ -129,7 +130,6 @@ def _cluster(args: argparse.Namespace) -> None:
 
     try:
         from loraserve.cluster.deploy import cluster_app, run_cluster
-    print(f"loraserve: {auth_notice(state.tenants.auth, args.host)}", flush=True)
     except ImportError as error:
         raise LoraserveError(f"loraserve cluster needs Ray Serve: pip install 'loraserve[ray]' ({error})") from error
 
@@ -185,6 +185,14 @@ def _adapters(args: argparse.Namespace) -> None:
         print(f"{verb} {record['name']}: rank {record['rank']}, {', '.join(record['target_modules'])}")
 
 
+def _auth(args: argparse.Namespace) -> None:
+    from loraserve.admin_client import AdminClient
+
+    shown = AdminClient(args.url, args.admin_token).auth(args.mode)
+    who = "any client" if shown["mode"] == "open" else "an API key (or the admin token) is needed"
+    print(f"inference: {shown['mode']} ({who}); {shown['keys']} stored keys")
+
+
 def _registry_check(args: argparse.Namespace) -> None:
     from loraserve.registry import FileStore, Registry
     from loraserve.registry.consistency import check_registry
@@ -195,14 +203,6 @@ def _registry_check(args: argparse.Namespace) -> None:
     registry = Registry(url, FileStore(args.data_dir / "adapters"))
     try:
         report = check_registry(registry, repair=args.repair, min_orphan_age=args.orphan_grace)
-def _auth(args: argparse.Namespace) -> None:
-    from loraserve.admin_client import AdminClient
-
-    shown = AdminClient(args.url, args.admin_token).auth(args.mode)
-    who = "any client" if shown["mode"] == "open" else "an API key (or the admin token) is needed"
-    print(f"inference: {shown['mode']} ({who}); {shown['keys']} stored keys")
-
-
     finally:
         registry.close()
     print("\n".join(report.lines()) or f"consistent: {len(report.adapters)} adapters, every one with its files")
@@ -297,16 +297,6 @@ def main(argv: list[str] | None = None) -> None:
         action_parser.add_argument("--admin-token", default=env("LORASERVE_ADMIN_TOKEN"))
     adapters.set_defaults(run=_adapters)
 
-    registry = commands.add_parser("registry", help="check the registry database against the stored adapter files")
-    checks = registry.add_subparsers(dest="action", required=True)
-    check = checks.add_parser(
-        "check", help="report stored files no adapter names (a crash mid-upload) and adapters whose files are "
-        "missing or changed (marked failed); --repair removes the orphans",
-    )  # fmt: skip
-    check.add_argument("--repair", action="store_true", help="remove the orphan files")
-    _add_registry_flags(check)
-    _add_setting_flags(check, ServerConfig, names=("orphan_grace",))
-    check.set_defaults(run=_registry_check, orphan_grace=0.0)
     auth = commands.add_parser(
         "auth", help="show the inference-auth mode of a running server, or set it for every server on its registry",
     )  # fmt: skip
@@ -318,6 +308,16 @@ def main(argv: list[str] | None = None) -> None:
     auth.add_argument("--admin-token", default=env("LORASERVE_ADMIN_TOKEN"))
     auth.set_defaults(run=_auth)
 
+    registry = commands.add_parser("registry", help="check the registry database against the stored adapter files")
+    checks = registry.add_subparsers(dest="action", required=True)
+    check = checks.add_parser(
+        "check", help="report stored files no adapter names (a crash mid-upload) and adapters whose files are "
+        "missing or changed (marked failed); --repair removes the orphans",
+    )  # fmt: skip
+    check.add_argument("--repair", action="store_true", help="remove the orphan files")
+    _add_registry_flags(check)
+    _add_setting_flags(check, ServerConfig, names=("orphan_grace",))
+    check.set_defaults(run=_registry_check, orphan_grace=0.0)
 
     chat = commands.add_parser("chat", help="chat with an adapter (or the base model) in the terminal, streamed")
     chat.add_argument("adapter", nargs="?", help="an adapter's name (default: the base model)")

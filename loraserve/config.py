@@ -245,6 +245,10 @@ class ServerConfig(Settings):
         None, "bearer token of the admin API (default: a new one, printed at start)", env="LORASERVE_ADMIN_TOKEN"
     )
     api_keys: frozenset[str] = frozenset()  # inference keys besides the admin API's; any closes inference to keys
+    quota_failure: str = setting(
+        "closed", "a cluster's quotas are counted by its ledger (a Ray actor); while it cannot be asked, a key with a "
+        "quota is refused (closed: 503 quota_unavailable) or served uncounted (open)", choices=("closed", "open"),
+    )  # fmt: skip
     require_api_key: bool = setting(
         False, "close inference to API keys (and the admin token) from this start on, for every server sharing the "
         "registry; it stays closed until an admin opens it (PUT /admin/auth)",

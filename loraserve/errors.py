@@ -127,6 +127,10 @@ class QuotaExceededError(LoraserveError):
         self.retry_after = retry_after  # seconds until the quota has room again
 
 
+class QuotaUnavailableError(LoraserveError):
+    """The cluster's quota ledger cannot be asked, and quotas fail closed: a key with a quota waits (503)."""
+
+
 class ModelNotAllowedError(LoraserveError):
     """The request's API key may not use the model it names (403 on the wire)."""
 

@@ -4,8 +4,9 @@ The ingress forwards each HTTP request here as plain values (asgi_call.py); the 
 every route, error and stream is the single server's. Serve's model multiplexing routes an adapter's requests to the
 replicas that hold it: `hold` is the `@serve.multiplexed` loader (its LRU as large as the engine's device slots), and
 starts the adapter's disk read as the request arrives. Every POST_SECONDS the replica posts its pool, adapters and
-metrics to the board (board.py) for the cluster-wide views. A dead engine fails Serve's health check, and Serve
-starts a new replica in its place.
+metrics to the board (board.py) for the cluster-wide views, and tells the ledger (ledger.py), which counts quotas and
+orders starts for the whole cluster, that it is alive with its running places. A dead engine fails Serve's health
+check, and Serve starts a new replica in its place.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ray import serve
 
 from loraserve.cluster.asgi_call import ForwardedRequest, ResponseStart, call_asgi
 from loraserve.cluster.board import POST_SECONDS, board
+from loraserve.cluster.ledger import LedgerAccounts, ledger
 from loraserve.config import EngineConfig, ServerConfig
 from loraserve.engine import LLMEngine
 from loraserve.engine.async_engine import AsyncLLMEngine
@@ -37,14 +39,18 @@ class EngineReplica:
         self, engine_config: EngineConfig, server_config: ServerConfig, app_name: str
     ) -> None:
         keep_serial()  # as `loraserve serve`: the engine thread alone computes in parallel
-        self.engine = AsyncLLMEngine(in_passing_thread(lambda: LLMEngine(engine_config)))
-        self.app = create_app(self.engine, server_config)
-        self.state = self.app.state.loraserve
-        self._lifespan = self.app.router.lifespan_context(self.app)
-        await self._lifespan.__aenter__()  # the engine thread and the registry follower start
         self.replica_id = serve.get_replica_context().replica_tag
         self.node_id = ray.get_runtime_context().get_node_id()
         self.board = board(app_name)
+        self.ledger = ledger(app_name)
+        self.places = engine_config.scheduler.max_num_seqs  # what this replica adds to the cluster's running places
+        accounts = LedgerAccounts(self.ledger, self.replica_id, fail_closed=server_config.quota_failure == "closed")
+        self.engine = AsyncLLMEngine(in_passing_thread(lambda: LLMEngine(engine_config)))
+        self.app = create_app(self.engine, server_config, accounts)
+        self.state = self.app.state.loraserve
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()  # the engine thread and the registry follower start
+        await self.ledger.join.remote(self.replica_id, self.places)
 
         async def start_reading(adapter: str) -> str:  # a function: Serve keeps its LRU as an attribute of it
             if self.engine.served_as(adapter) is None:  # uploaded a moment ago, its registry note still on its way
@@ -81,6 +87,7 @@ class EngineReplica:
     async def _post_forever(self) -> None:
         while True:
             try:
+                self.ledger.join.remote(self.replica_id, self.places)  # a heartbeat: a silent replica's places go
                 self.board.post.remote(self.replica_id, await self.snapshot())
             except Exception as error:  # the engine stopping, or the board restarting: the next post retries
                 logger.warning("replica %s: not posted to the board: %s", self.replica_id, error)

@@ -19,6 +19,7 @@ from loraserve.lora import adapter_sandbox
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
 from loraserve.resources import ADMIN_UI, SAMPLE_ADAPTERS
 from loraserve.server import admin, admin_keys, health, lorax, openai
+from loraserve.server.accounts import Accounts
 from loraserve.server.auth import require_admin_token, require_api_key
 from loraserve.server.body_limit import BodyLimitMiddleware
 from loraserve.server.catalog import AdapterCatalog
@@ -32,8 +33,9 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 _SAMPLES_MARKER = ".samples-registered"  # in the data directory: samples are offered once, never re-added
 
 
-def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
-    """The HTTP server over `engine`. Migrates the registry (RegistryError if it cannot) and serves its adapters."""
+def create_app(engine: AsyncLLMEngine, config: ServerConfig, accounts: Accounts | None = None) -> FastAPI:
+    """The HTTP server over `engine`. Migrates the registry (RegistryError if it cannot) and serves its adapters.
+    `accounts`: where quotas and tenants' turns are kept (a cluster's ledger); default this process."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     url = config.db_url or sqlite_url(config.data_dir)
     upgrade_database(url)
@@ -47,7 +49,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         marker.touch()
     catalog.load_registered(config.orphan_grace)
     admin.remove_stale_uploads(config.data_dir, config.orphan_grace)
-    tenants = Tenants(registry, calls, config.api_keys, config.require_api_key)
+    tenants = Tenants(registry, calls, config.api_keys, config.require_api_key, accounts)
     tenants.load()
 
     @asynccontextmanager

@@ -41,6 +41,7 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (domain.RegistryError, 503, "server_error", "registry_unavailable"),
     (domain.EngineDeadError, 503, "server_error", "engine_stopped"),
     (domain.ReplicaFailedError, 503, "server_error", "replica_failed"),
+    (domain.QuotaUnavailableError, 503, "server_error", "quota_unavailable"),
     (domain.RequestFailedError, 500, "server_error", "request_failed"),
     (domain.OverloadedError, 503, "server_error", "overloaded"),
     (domain.RequestTimeoutError, 504, "server_error", "timeout"),

@@ -121,26 +121,29 @@ async def generate(
     scheduling: Scheduling,
 ) -> AsyncIterator[RequestOutput]:
     """The engine's stream for one request, aborted when the client goes away; counted when finished. Refused first if
-    the key may not use the model (403) or its quota is spent (429); the quota is charged its tokens however it ends."""
+    the key may not use the model (403) or its quota is spent (429); then started in its tenant's turn (a cluster's
+    fair order across replicas; at once on one server); the quota and the share are charged its tokens however it
+    ends."""
     state = server_state(http)
     adapter = target.engine_adapter
     grant, tenant = scheduling.grant, scheduling.grant.tenant
-    for model in [part.name for part in target.parts] or [adapter or state.model_name]:
-        state.tenants.admit(grant, model)  # a mix needs the key's leave for every part
-    stream = state.engine.generate(
-        request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, tenant, scheduling.is_streamed
-    )
-    last: RequestOutput | None = None
-    try:
-        # Closing the engine's stream (leaving this block) aborts the request and frees its blocks.
-        async with aclosing(stream), aclosing(_checked(state, target, tenant.name, stream)) as outputs:
-            async for last in outputs:
-                yield last
-                if not last.finished and await http.is_disconnected():
-                    return
-    finally:
-        if last is not None:
-            state.tenants.charge(grant, len(last.prompt_token_ids) + _num_generated(last))
+    await state.tenants.admit(grant, [part.name for part in target.parts] or [adapter or state.model_name])
+    async with state.tenants.turn(grant) as turn:
+        stream = state.engine.generate(
+            request_id, prompt, params, adapter, scheduling.priority, scheduling.timeout, tenant, scheduling.is_streamed
+        )
+        last: RequestOutput | None = None
+        try:
+            # Closing the engine's stream (leaving this block) aborts the request and frees its blocks.
+            async with aclosing(stream), aclosing(_checked(state, target, tenant.name, stream)) as outputs:
+                async for last in outputs:
+                    yield last
+                    if not last.finished and await http.is_disconnected():
+                        return
+        finally:
+            if last is not None:
+                turn.prompt_tokens, turn.output_tokens = len(last.prompt_token_ids), _num_generated(last)
+                state.tenants.charge(grant, turn.prompt_tokens + turn.output_tokens)
 
 
 def _num_generated(output: RequestOutput) -> int:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotAllowedError
 from loraserve.registry import ApiKeyInfo, InferenceAuth, KeySpec, Registry, hash_key
+from loraserve.server.accounts import Accounts, LocalAccounts, Turn
 from loraserve.server.quotas import Quota, Quotas
 from loraserve.server.registry_calls import RegistryCalls
 
@@ -55,10 +57,15 @@ UNKEYED_ACCESS = TenantKey(UNKEYED)
 
 
 class Tenants:
-    """Every key, by hash; owns the quotas' buckets. Changed only on the server's event loop."""
+    """Every key, by hash, and the accounts their quotas are counted in. Changed only on the server's event loop."""
 
     def __init__(
-        self, registry: Registry, calls: RegistryCalls, command_line_keys: frozenset[str], require_keys: bool = False
+        self,
+        registry: Registry,
+        calls: RegistryCalls,
+        command_line_keys: frozenset[str],
+        require_keys: bool = False,
+        accounts: Accounts | None = None,
     ) -> None:
         self._registry = registry
         self._calls = calls
@@ -69,7 +76,7 @@ class Tenants:
         self._closes_at_start = require_keys or bool(command_line_keys)
         self.auth = InferenceAuth.KEYS  # until load() reads the registry's: closed is the safe side
         self._changes = 0  # bumped by each change made here, so a refresh read before it is not applied
-        self.quotas = Quotas()
+        self.accounts = accounts or LocalAccounts(Quotas())  # where quotas are counted: here, or a cluster's ledger
 
     @property
     def keys_required(self) -> bool:
@@ -116,18 +123,23 @@ class Tenants:
         """Delete the key: from now on it is refused (requests it started run to their end)."""
         record = await self._calls(f"revoke API key {key_id}", self._registry.keys.delete, key_id)
         if (grant := self._stored.pop(record.key_hash, None)) is not None:
-            self.quotas.forget(grant.quota_owner)
+            self.accounts.forget(grant.quota_owner)
         self._changes += 1
         return record
 
-    def admit(self, grant: TenantKey, model: str) -> None:
-        """Before a request starts: 403 for a model the key may not use, 429 past its quota."""
-        if not grant.may_use(model):
-            raise ModelNotAllowedError(f"this API key may not use model {model!r}")
-        self.quotas.admit(grant.quota_owner, grant.quota)
+    async def admit(self, grant: TenantKey, models: list[str]) -> None:
+        """Before a request starts: 403 for a model the key may not use (a mix: each part), 429 past its quota."""
+        for model in models:
+            if not grant.may_use(model):
+                raise ModelNotAllowedError(f"this API key may not use model {model!r}")
+        await self.accounts.admit(grant.quota_owner, grant.quota)
+
+    def turn(self, grant: TenantKey) -> AbstractAsyncContextManager[Turn]:
+        """Wait for the tenant's turn to start (a cluster's fair order; at once on one server), held until it ends."""
+        return self.accounts.turn(grant.tenant)
 
     def charge(self, grant: TenantKey, tokens: int) -> None:
-        self.quotas.charge_tokens(grant.quota_owner, grant.quota, tokens)
+        self.accounts.charge(grant.quota_owner, grant.quota, tokens)
 
     async def refresh_forever(self, seconds: float = REFRESH_SECONDS) -> None:
         """Pick up keys made or revoked by other replicas; a failed read keeps what is known. While the registry is away
@@ -152,5 +164,5 @@ class Tenants:
     def _replace(self, records: list[ApiKeyInfo]) -> None:
         stored = {record.key_hash: TenantKey.of(record) for record in records}
         for gone in self._stored.keys() - stored.keys():
-            self.quotas.forget(self._stored[gone].quota_owner)
+            self.accounts.forget(self._stored[gone].quota_owner)
         self._stored = stored

@@ -4,6 +4,7 @@ Skipped, saying why, when Ray cannot start or no PostgreSQL answers."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loraserve import SamplingParams
 from loraserve.resources import SAMPLE_ADAPTERS
+from loraserve.server.tenants import REFRESH_SECONDS
 from tests.postgres_databases import empty_database, postgres_admin_url
 from tests.server.conftest import ADMIN, ADMIN_TOKEN, free_port
 from tests.server.test_admin_api import peft_files, upload, zipped
@@ -53,7 +56,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             sys.executable, "-m", "loraserve.cli", "cluster", "--replicas", "2", "--replica-cpus", "1",
             "--db", db_url, "--admin-token", ADMIN_TOKEN, "--port", str(port), "--data-dir", str(tmp / "node-disk"),
             "--dtype", "float32", "--max-loras", "4", "--max-lora-rank", "16", "--num-pages", "512",
-            "--max-num-seqs", "32",
+            "--max-num-seqs", "8",
         ]  # fmt: skip
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         cluster = Cluster(f"http://127.0.0.1:{port}")
@@ -266,6 +269,75 @@ def test_the_admin_page_shows_the_replicas(cluster, browser):
     expect(page.locator("#replica-list li")).to_have_count(2)
     expect(page.locator("#slot-text")).to_contain_text("of 8 slots used")  # 4 on each replica
     context.close()
+
+
+@contextlib.contextmanager
+def keys_for(cluster: Cluster, *specs: dict) -> Iterator[list[str]]:
+    """Keys made through the ingress, taken by every replica; inference opened again after (the mode is the
+    registry's, and the tests after these send no key)."""
+    keys = [httpx.post(f"{cluster.url}/admin/keys", json=spec, headers=ADMIN).json()["key"] for spec in specs]
+    try:
+        time.sleep(5 * REFRESH_SECONDS)  # each replica reads the keys every REFRESH_SECONDS (asking would spend quota)
+        yield keys
+    finally:
+        assert httpx.put(f"{cluster.url}/admin/auth", json={"mode": "open"}, headers=ADMIN).status_code == 200
+
+
+def infer(cluster: Cluster, key: str) -> int:
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Count:", "max_tokens": 1}
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{cluster.url}/v1/completions", json=body, headers=headers, timeout=120).status_code
+
+
+def test_a_keys_requests_per_minute_hold_across_both_replicas(cluster):
+    with keys_for(cluster, {"tenant": "metered", "requests_per_minute": 60}) as (key,):
+        started = time.monotonic()
+        with ThreadPoolExecutor(8) as pool_:
+            statuses = list(pool_.map(lambda _: infer(cluster, key), range(150)))
+        elapsed = time.monotonic() - started
+    served, refused = statuses.count(200), statuses.count(429)
+    allowance = 60 + elapsed  # a minute's burst, then one a second
+    assert served + refused == 150, statuses
+    assert abs(served - allowance) <= 0.1 * 60, f"{served} served in {elapsed:.1f} s; each replica counting alone: ~120"
+
+
+def test_two_flooding_tenants_share_the_cluster_by_their_weights(cluster):
+    """16 running places (8 a replica); each tenant keeps 24 requests in flight through the ingress until 400 ended,
+    each to its own adapter, so that routing by adapter may put each tenant on a replica of its own (where each
+    replica alone would serve its one tenant as fast as it can: 1:1)."""
+    with keys_for(cluster, {"tenant": "heavy", "weight": 2}, {"tenant": "light", "weight": 1}) as keys:
+        askers = {"heavy": (keys[0], "pirate"), "light": (keys[1], "robot")}
+        tokens = asyncio.run(flood(cluster, askers, num_requests=400))
+    assert 1.8 <= tokens["heavy"] / tokens["light"] <= 2.2, tokens
+
+
+async def flood(
+    cluster: Cluster, askers: dict[str, tuple[str, str]], num_requests: int, per_tenant: int = 24
+) -> dict[str, int]:
+    """The tokens each tenant (its key, the model it asks) was served by the first `num_requests` requests to end."""
+    tokens, ended = dict.fromkeys(askers, 0), asyncio.Event()
+
+    async def keep_asking(client: httpx.AsyncClient, tenant: str) -> None:
+        nonlocal num_requests
+        key, model = askers[tenant]
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": model, "prompt": "Count:", "max_tokens": 2, "ignore_eos": True}
+        while num_requests > 0:
+            answer = await client.post(f"{cluster.url}/v1/completions", json=body, headers=headers)
+            assert answer.status_code == 200, answer.text
+            if num_requests > 0:
+                num_requests -= 1
+                tokens[tenant] += answer.json()["usage"]["total_tokens"]
+        ended.set()
+
+    limits = httpx.Limits(max_connections=4 * per_tenant)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        tasks = [asyncio.create_task(keep_asking(client, t)) for t in askers for _ in range(per_tenant)]
+        await asyncio.wait_for(ended.wait(), 300)
+        for task in tasks:  # the requests still in flight are left: their clients go
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return tokens
 
 
 def test_a_replica_killed_mid_stream_ends_the_stream_with_an_error_and_is_replaced(cluster):

@@ -33,7 +33,6 @@ from loraserve.errors import (
 )
 from loraserve.lora.adapter import CONFIG_FILE, LoraAdapter
 from loraserve.registry import AdapterInfo, AdapterStatus, Registry
-from loraserve.registry.adapter_checks import failure_reason
 from loraserve.registry.adapter_info import AdapterVersion
 from loraserve.registry.consistency import check_registry
 from loraserve.server.registry_calls import RegistryCalls
@@ -168,7 +167,7 @@ class AdapterCatalog:
                 raise VersionNotFoundError(name, sha256)
             # Its check's verdict: recorded, or run now (the start's checks have not come to it yet).
             if (problem := await self.checks.problem(sha256)) is not None:
-                raise AdapterError("sha256", f"version {sha256} {failure_reason(problem)}")
+                raise AdapterError("sha256", f"version {sha256} cannot be served: {problem}")
             info = await self.calls(f"roll adapter {name!r} back", self.registry.rollback, name, sha256, wait=True)
             await self._serve_version(info, None)
             return info
@@ -299,15 +298,15 @@ class AdapterCatalog:
         await self._change(name, change())
 
     async def _checked(self, info: AdapterInfo | None, served: AdapterInfo | None) -> AdapterInfo | None:
-        """The record `info`, or, when it names ready files this server does not serve yet and their check refused
-        them, it marked failed (None: deleted meanwhile)."""
+        """The record `info`, or, when it names ready files this server does not serve yet that may not be served
+        (their check refused them, or they are missing), it marked failed (None: deleted meanwhile)."""
         if info is None or info.status is not AdapterStatus.READY or (served and served.sha256 == info.sha256):
             return info
         if (problem := await self.checks.problem(info.sha256)) is None:
             return info
         with contextlib.suppress(AdapterNotFoundError):
-            mark_failed, reason = self.registry.mark_failed, failure_reason(problem)
-            return await self.calls(f"mark adapter {info.name!r} failed", mark_failed, info.name, reason, wait=True)
+            mark_failed = self.registry.mark_failed
+            return await self.calls(f"mark adapter {info.name!r} failed", mark_failed, info.name, problem, wait=True)
         return None
 
     def _apply_pin(self, info: AdapterInfo) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.errors import AdapterError
 from loraserve.registry import Registry
-from loraserve.registry.adapter_checks import PendingCheck
+from loraserve.registry.adapter_checks import PendingCheck, failure_reason
 from loraserve.server.registry_calls import RegistryCalls
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,6 @@ class StoredChecks:
         self.registry = registry
         self.calls = calls
         self.engine = engine
-        self.num_checked = 0  # child checks this server ran
         self._queue: list[PendingCheck] = []
         self._waiting: set[str] = set()  # adapters served once their content's check passed
         self._wanted: set[str] = set()  # of those, asked for by a request: checked first
@@ -96,8 +95,9 @@ class StoredChecks:
         return self._queue.pop(index)
 
     async def problem(self, sha256: str) -> str | None:
-        """Why the stored files of `sha256` may not be served (the recorded verdict, or a check run now and recorded);
-        None when they passed, or there are none here to check (nothing reads them then either)."""
+        """Why the stored files of `sha256` may not be served, as an adapter's status reason: refused by their check
+        (recorded, or run now and recorded), or missing or changed here (not a verdict: nothing was checked); None
+        when they passed."""
         if (checking := self._checking.get(sha256)) is None:
             checking = self._checking[sha256] = asyncio.ensure_future(self._check(sha256))
             checking.add_done_callback(lambda _: self._checking.pop(sha256, None))
@@ -106,22 +106,22 @@ class StoredChecks:
     async def _check(self, sha256: str) -> str | None:
         verdict = await self.calls(f"read the check of {sha256}", self.registry.checks.verdict, sha256, wait=True)
         if verdict is not None:
-            return verdict.error
+            return None if verdict.error is None else failure_reason(verdict.error)
         # Hashed again (copied from the database first, with files_in_database): the check is of the named bytes.
         missing = await self.calls(f"verify the files {sha256}", self.registry.local_files_problem, sha256, wait=True)
         if missing is not None:
             logger.warning("stored adapter files %s cannot be checked: %s", sha256, missing)
-            return None
+            return missing
         try:  # off the event loop and the engine thread; the work itself in a child
             await asyncio.to_thread(self.engine.check_adapter, self.registry.store.path_of(sha256))
             error = None
         except AdapterError as refused:
             error = str(refused)  # "field: why"
-        self.num_checked += 1
         failed = await self.calls(
             f"record the check of {sha256}", self.registry.checks.record, sha256, error, wait=True
         )
-        if error is not None:
-            logger.error("stored adapter files %s refused by their check (adapters failed: %s): %s", sha256,
-                         ", ".join(failed) or "none", error)  # fmt: skip
-        return error
+        if error is None:
+            return None
+        logger.error("stored adapter files %s refused by their check (adapters failed: %s): %s", sha256,
+                     ", ".join(failed) or "none", error)  # fmt: skip
+        return failure_reason(error)

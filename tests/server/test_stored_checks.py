@@ -94,9 +94,10 @@ def test_stored_adapters_are_checked_once_at_start_and_hostile_ones_fail_while_t
     caplog.set_level(logging.INFO, logger="loraserve.server.stored_checks")
 
     for server in start_server(loaded_model, data_dir, db_url=db_url):
-        assert httpx.get(f"{server.url}/health").status_code == 200  # up before any check ended
+        # Up before its checks ended: this one's takes a second at least (its pattern's time limit).
         waiting = httpx.post(f"{server.url}/v1/completions", json={"model": "backtracking", "prompt": "Hi"})
         assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "unavailable", waiting.text
+        assert httpx.get(f"{server.url}/health").status_code == 200
         deadline = time.monotonic() + CHECKS_SECONDS
         while not settled(server):
             assert time.monotonic() < deadline, (served(server), records(server))

@@ -12,8 +12,9 @@ The scheduler runs at most `running_cap` sequences: the most whose decode step t
 (step_costs.py) put within TPOT_HEADROOM of the TPOT target, leaving room for prompt chunks. A new
 request's first-token delay is predicted from what is ahead of it: the waiting requests that start
 before it (their prompts; fair share puts only some of other tenants' queues ahead, `admitted_before`)
-and, with the batch full, the running sequences that must finish to make room. One predicted past
-TTFT_HEADROOM of the target is refused at once (OverloadedError: 503, Retry-After), before any token,
+and, with the batch full, the running sequences that must finish to make room. One whose wait for
+those (its own prompt's steps aside: `wait_for_others`) is predicted past TTFT_HEADROOM of the target
+is refused at once (OverloadedError: 503, Retry-After), before any token,
 so admitted streams keep their SLO and the client can go elsewhere. Predictions err (a cold start, a
 burst of long prompts): every step the waiting requests are predicted again, and one now past the
 target is refused then (`late_requests`), still before any token. A non-streamed request admitted is
@@ -106,15 +107,27 @@ class Admission:
             self._check_queue(request, running, waiting, now)
         self.num_admitted += 1
 
+    def own_seconds(self, request: Request) -> float:
+        """`request`'s first-token delay with nothing ahead of it or beside it: its own prompt's steps."""
+        num_prompt_tokens = len(request.prompt_token_ids)
+        prompt_steps = math.ceil(num_prompt_tokens / self.config.max_num_batched_tokens)
+        return prompt_steps * self.costs.step_seconds(1) + self.costs.prompt_seconds(num_prompt_tokens)
+
+    def wait_for_others(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> float:
+        """What the TTFT target bounds: the first-token delay the other requests add to `request`'s own. Its own
+        compute does not count, so a machine too slow for the target still serves (at its own pace) the requests
+        that wait for nobody, and keeps learning its step costs: refusing those would refuse everything, for good."""
+        return self.first_token_delay(request, running, waiting) - self.own_seconds(request)
+
     def _check_first_token(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence]) -> None:
         target = self.config.ttft_slo
-        delay = self.first_token_delay(request, running, waiting) if target and self.costs.is_ready else 0.0
-        if target is not None and delay > TTFT_HEADROOM * target:
+        wait = self.wait_for_others(request, running, waiting) if target and self.costs.is_ready else 0.0
+        if target is not None and wait > TTFT_HEADROOM * target:
             self.num_refused += 1
             raise OverloadedError(
-                f"the server is at capacity: the first token would come in about {delay:.1f} s, too close to the "
-                f"{target:g} s target; retry later or elsewhere",
-                retry_after=delay - TTFT_HEADROOM * target,
+                f"the server is at capacity: the first token would wait about {wait:.1f} s for other requests, too "
+                f"close to the {target:g} s target; retry later or elsewhere",
+                retry_after=wait - TTFT_HEADROOM * target,
             )
 
     def _check_queue(self, request: Request, running: list[Sequence], waiting: Iterable[Sequence], now: float) -> None:
@@ -145,7 +158,7 @@ class Admission:
             if (
                 request.is_streamed
                 and not started
-                and now + self.first_token_delay(request, running, ahead) > request.arrival_time + target
+                and now + self.wait_for_others(request, running, ahead) > request.arrival_time + target
             ):
                 self.num_refused_late += 1
                 yield request

@@ -248,3 +248,18 @@ def test_a_tpot_target_the_machine_cannot_meet_leaves_the_batch_at_half_throughp
         scheduler.costs.observe(num_seqs, 0, 0.090 + 0.003 * num_seqs)
     assert scheduler.costs.max_seqs_within(0.8 * 0.1, limit=128) == 1, "no batch meets the target"
     assert scheduler.admission.running_cap == 30  # 90 ms / 3 ms: a step does half the work it could
+
+
+def test_a_machine_too_slow_for_the_ttft_target_still_serves_the_requests_that_wait_for_nobody(tokenizer):  # noqa: F811
+    """Once every request was refused on a machine whose own prompt steps took longer than the target: then
+    no step ran, the step costs were never learnt again, and the server refused everything for good."""
+    scheduler = make_scheduler(tokenizer, num_blocks=512, ttft_slo=0.5)
+    scheduler.clock = lambda: 0.0
+    for num_seqs in (1, 2, 4, 8, 16, 8, 4):  # 600 ms a step: a first token takes more than the 0.5 s target alone
+        scheduler.costs.observe(num_seqs, 0, 0.600 + 0.010 * num_seqs)
+    alone = add(scheduler, "alone", prompt_len=8, max_tokens=64)
+    assert scheduler.admission.own_seconds(alone) > 0.5
+    step(scheduler)
+    with pytest.raises(OverloadedError):  # the prompts queued ahead soon make one wait past the target
+        for i in range(8):
+            add(scheduler, f"behind-{i}", prompt_len=8, max_tokens=64)

@@ -32,7 +32,8 @@ from loraserve.server.errors import domain_error_response, install_error_handler
 
 OPENAI_ROUTES = ("/v1/completions", "/v1/chat/completions")
 LORAX_ROUTES = ("/generate", "/generate_stream", "/")
-METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+# Every method goes to a replica, so that one a path does not take gets the replica's 405 and its exact Allow.
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"]
 
 logger = logging.getLogger(__name__)
 app = FastAPI(title="loraserve cluster")

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 import loraserve.errors as domain
 from loraserve.server.chat_messages import ROLES
@@ -83,6 +84,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 # Starlette's own refusals: a body it could not parse (too deeply nested JSON...), a route or method unknown.
 _HTTP_CODES = {400: "invalid_body", 404: "not_found", 405: "method_not_allowed"}
+_HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
 
 
 def error_response(status: int, message: str, error_type: str, code: str | int) -> JSONResponse:
@@ -132,6 +134,18 @@ def field_path(error: dict[str, Any]) -> str:
     return ".".join(str(part) for part in kept)
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the request's path takes (a 405's Allow, RFC 9110). Starlette's own Allow names only the first
+    route that matched the path, while FastAPI makes one route per method: GET and POST /admin/keys are two. Asked of
+    the routes with each method in turn, as included routers do not list their routes."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _HTTP_METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(domain.LoraserveError)
     async def known(_: Request, error: domain.LoraserveError) -> JSONResponse:
@@ -150,11 +164,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, f"{where}: {problem}", "invalid_request_error", where or "body")
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(error.status_code, str(error.status_code))
         error_type = "invalid_request_error" if error.status_code < 500 else "server_error"
         response = error_response(error.status_code, str(error.detail), error_type, code)
-        response.headers.update(error.headers or {})  # a 405's Allow: the methods the path does take (RFC 9110)
+        response.headers.update(error.headers or {})
+        if error.status_code == 405:
+            response.headers["Allow"] = ", ".join(allowed_methods(request))
         return response
 
     @app.exception_handler(Exception)

@@ -84,8 +84,16 @@ def test_the_schema_states_each_roles_required_fields(server):
     assert schemas["GenerateParameters"]["additionalProperties"] is False
 
 
-@pytest.mark.parametrize(("method", "path", "allowed"), [("TRACE", "/v1/models", "GET"), ("PUT", "/health", "GET"),
-                                                         ("GET", "/v1/chat/completions", "POST")])  # fmt: skip
+METHOD_CASES = [
+    ("TRACE", "/v1/models", "GET"),
+    ("PUT", "/health", "GET"),
+    ("GET", "/v1/chat/completions", "POST"),
+    ("OPTIONS", "/admin/keys", "GET, POST"),
+    ("TRACE", "/admin/adapters/x", "DELETE, GET, PATCH, PUT"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), METHOD_CASES)
 def test_a_method_a_path_does_not_take_is_a_405_with_allow(server, method, path, allowed):
     response = httpx.request(method, f"{server.url}{path}")
     assert response.status_code == 405

@@ -126,7 +126,7 @@ class AdapterCatalog:
                 f"register adapter {name!r}", self.registry.create, name, source_dir, adapter, self.base_model,
                 system_prompt, description, uploaded_by, wait=True,
             )  # fmt: skip
-            stored = self.registry.files_of(info)
+            stored = await self.calls(f"verify the files of adapter {name!r}", self.registry.files_of, info, wait=True)
             try:
                 await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter, info))
             except BaseException:

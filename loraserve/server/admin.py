@@ -46,26 +46,30 @@ def _without_default(schema: dict[str, Any]) -> None:
 
 
 class AdapterPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     description: str | None = _kept_when_left_out()
     system_prompt: str | None = _kept_when_left_out()
 
 
 class LoadLoraRequest(BaseModel):
-    lora_name: str
-    lora_path: str
+    model_config = ConfigDict(strict=True)
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)  # a directory on the server's disk ("" would be its working directory)
     load_inplace: bool = False  # vLLM's: new weights under a name already served
 
 
 class RollbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     sha256: str
 
 
 class UnloadLoraRequest(BaseModel):
-    lora_name: str
+    model_config = ConfigDict(strict=True)
+
+    lora_name: str = Field(min_length=1)
 
 
 UPLOADS_DIR = "uploads"  # in the data directory: scratch space of uploads in flight

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.errors import InvalidRequestError
 from loraserve.registry import InferenceAuth, KeySpec
-from loraserve.registry.adapter_name import is_valid_name
+from loraserve.registry.adapter_name import TENANT_PATTERN, is_valid_name
 from loraserve.server.responses import KEY_SECRETS, AuthMode, KeyList, KeyRevoked, NewKey, record_json
 from loraserve.server.state import ServerState, server_state
 
@@ -27,9 +27,14 @@ MAX_KEY_ID = 2**31 - 1  # the id column's range
 
 
 class KeyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    tenant: str = Field(max_length=128, description="whose key: metrics use the name; a tenant may hold several")
+    tenant: str = Field(
+        min_length=1,
+        max_length=128,
+        description="whose key: metrics use the name; a tenant may hold several",
+        json_schema_extra={"pattern": TENANT_PATTERN},  # checked by validate_tenant_name, whose message says why
+    )
     weight: float = Field(
         1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="the tenant's share of the engine against others"
     )

@@ -16,7 +16,7 @@ from loraserve.errors import InvalidRequestError
 
 
 class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(min_length=1)
     arguments: str  # JSON text, as the model wrote it
@@ -25,7 +25,7 @@ class FunctionCall(BaseModel):
 class MessageToolCall(BaseModel):
     """A call an assistant's earlier turn made (OpenAI's shape), shown to the chat template."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str
     type: Literal["function"] = "function"
@@ -33,7 +33,7 @@ class MessageToolCall(BaseModel):
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     content: str | None
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
-from loraserve.errors import InvalidRequestError, LoraserveError
+from loraserve.errors import LoraserveError
+from loraserve.server.bounds import Count, Int64, Logprobs, RepetitionPenalty, StopStrings, Temperature, TopK, TopP
 from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_target
 from loraserve.server.responses import (
     AlternativeToken,
@@ -36,43 +37,36 @@ DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 
 class GenerateParameters(BaseModel):
     """lorax-client's Parameters, every one of which it sends (null or its default when not asked); any other key is
-    refused by name (parameters.foo), as are those loraserve does not implement when set."""
+    refused by name (parameters.foo), as are those loraserve does not implement when set (their types say so)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     adapter_id: str | None = None
     adapter_source: str | None = None  # every adapter comes from the registry, whatever the source says
     api_token: str | None = None
     merged_adapters: Any = None  # checked by merge.MixSpec.parse, which names the sub-field at fault
     do_sample: bool = False
-    max_new_tokens: int | None = None
+    max_new_tokens: Count | None = None
     ignore_eos_token: bool = False
-    repetition_penalty: float | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     return_full_text: bool = False
-    stop: list[str] = Field(default_factory=list)
-    seed: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    truncate: int | None = None
-    typical_p: float | None = None
-    best_of: int | None = None
-    watermark: bool = False
+    stop: StopStrings = Field(default_factory=list)
+    seed: Int64 | None = None
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    truncate: Count | None = None  # keep the prompt's last this many tokens
+    # Not implemented: null, or what asks for nothing.
+    typical_p: None = None
+    best_of: Annotated[StrictInt, Field(le=1)] | None = None
+    watermark: Literal[False] = False
     details: bool = False
-    decoder_input_details: bool = False
-    return_k_alternatives: int | None = None
+    decoder_input_details: Literal[False] = False
+    return_k_alternatives: Logprobs | None = None
     response_format: Any = None  # JSON output, to a schema if given (server/structured.py)
 
     def sampling_params(self) -> SamplingParams:
         """TGI semantics: greedy unless do_sample or a sampling knob is set."""
-        for field, unsupported in (
-            ("typical_p", self.typical_p is not None),
-            ("best_of", (self.best_of or 1) > 1),
-            ("watermark", self.watermark),
-            ("decoder_input_details", self.decoder_input_details),
-        ):
-            if unsupported:
-                raise InvalidRequestError(f"parameters.{field}", "is not supported by loraserve")
         sampling = self.do_sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p))
         structured_output = None if self.response_format is None else from_lorax_response_format(self.response_format)
         return SamplingParams(
@@ -90,7 +84,7 @@ class GenerateParameters(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     inputs: str = Field(min_length=1)  # an empty prompt has nothing to continue
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
@@ -136,8 +130,6 @@ async def _start(
         target = await resolve_target(state, parameters.adapter_id, mix, "parameters.merged_adapters")
         prompt: str | list[int] = body.inputs
         if parameters.truncate is not None:
-            if parameters.truncate < 1:
-                raise InvalidRequestError("parameters.truncate", f"must be at least 1, got {parameters.truncate}")
             prompt = (await state.engine.offload(state.tokenizer, body.inputs))["input_ids"][-parameters.truncate :]
         scheduling = Scheduling.of(request, is_streamed)
         outputs = generate(request, f"generate-{uuid.uuid4().hex}", prompt, params, target, scheduling)

@@ -5,16 +5,34 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.engine import SamplingParams
 from loraserve.engine.structured_output import StructuredOutput
 from loraserve.errors import InvalidRequestError
+from loraserve.server.bounds import (
+    Count,
+    Int64,
+    LogitBias,
+    Logprobs,
+    NonNegative,
+    Penalty,
+    RepetitionPenalty,
+    Seconds,
+    StopString,
+    StopStrings,
+    StopTokenIds,
+    Temperature,
+    TopK,
+    TopP,
+)
 from loraserve.server.chat_messages import ChatMessage
 from loraserve.server.structured import ToolCall, from_response_format, from_structured_outputs
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     include_usage: bool = False
 
 
@@ -23,7 +41,8 @@ class SamplingFields(BaseModel):
     (400): a client that asked for, say, `audio` must not get plain text back as if it had been honoured.
     FIELD_POLICY below says, for each field of OpenAI's requests, which it is."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: `"stream": 0` or `"n": "2"` is refused, as openapi.json's types say.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     model: str = Field(min_length=1)  # an adapter's name or the base model's id
     # OpenAI's fields that change nothing in the answer: accepted, whatever they hold.
@@ -35,23 +54,23 @@ class SamplingFields(BaseModel):
     prompt_cache_key: Any = None
     prompt_cache_retention: Any = None
     prompt_cache_options: Any = None
-    priority: Any = 0  # vLLM's extension: lower first (checked by Scheduling.of, which names it)
-    timeout: Any = None  # seconds the request may wait for its start, else 504
+    priority: Int64 = 0  # vLLM's extension: lower first
+    timeout: Seconds | None = None  # seconds the request may wait for its start, else 504
     adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
     merged_adapters: Any = None  # LoRAX's mix of adapters, as an extension (checked by merge.MixSpec.parse)
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    n: Count = 1  # the server's --max-n may lower the bound (openapi.json says it)
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    seed: Int64 | None = None
+    stop: StopString | StopStrings | None = None
+    stop_token_ids: StopTokenIds | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
     ignore_eos: bool = False
-    min_tokens: Any = 0  # vLLM's (checked by SamplingParams, which names it)
-    logit_bias: Any = None
+    min_tokens: NonNegative = 0  # vLLM's; at most max_tokens (checked by SamplingParams, which names it)
+    logit_bias: LogitBias | None = None
     response_format: Any = None  # structured output (server/structured.py checks these three)
     structured_outputs: Any = None
     stream: bool = False
@@ -66,7 +85,7 @@ class SamplingFields(BaseModel):
             max_tokens=max_tokens,
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
-            logit_bias={} if self.logit_bias is None else self.logit_bias,
+            logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
             logprobs=logprobs,
             structured_output=self._structured_output(tool_call),
         )
@@ -94,17 +113,17 @@ _SAME_NAMED = {f.name for f in fields(SamplingParams)} & SamplingFields.model_fi
 
 class CompletionRequest(SamplingFields):
     # Text or token ids, neither empty (nothing to continue); a token id is an integer, never `true`.
-    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[StrictInt], Field(min_length=1)]
-    max_tokens: int = 16
-    logprobs: int | None = None
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[NonNegative], Field(min_length=1)]
+    max_tokens: Count = 16
+    logprobs: Logprobs | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Logprobs | None = None
     tools: Any = None  # with tool_choice: server/structured.py forced_tool_call
     tool_choice: Any = None
     parallel_tool_calls: Any = None  # one forced call is all loraserve makes: accepted, whatever it says

@@ -1,0 +1,37 @@
+"""The ranges SamplingParams checks (engine/sampling_params.py), as types of the request models' fields: openapi.json
+states them, and a value outside them is refused by name before it reaches the engine."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StrictInt
+
+from loraserve.config import MAX_LOGPROBS, MAX_STOP_STRINGS
+from loraserve.engine.sampling_params import (
+    FLOAT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_TOKENS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_TOKEN_IDS,
+)
+
+Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[StrictInt, Field(ge=1, le=INT64_MAX)]  # n, max_tokens
+NonNegative = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]  # min_tokens, token ids
+TopK = Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)]  # -1 and 0: no cut
+Logprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]  # the server's --max-logprobs may lower it
+Temperature = Annotated[float, Field(ge=0, le=FLOAT32_MAX)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]  # presence and frequency
+RepetitionPenalty = Annotated[float, Field(ge=1e-4, le=1e4)]
+Seconds = Annotated[float, Field(gt=0, le=FLOAT32_MAX)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]  # --max-stop may lower it
+StopTokenIds = Annotated[list[NonNegative], Field(max_length=MAX_STOP_TOKEN_IDS)]
+# OpenAI's {"token id": bias}: JSON's keys are strings of digits.
+TokenIdText = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
+LogitBias = Annotated[dict[TokenIdText, Bias], Field(max_length=MAX_LOGIT_BIAS_TOKENS)]

@@ -8,8 +8,9 @@ from loraserve.errors import AdapterError, InvalidRequestError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _RULE = "use 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
-# validate_tenant_name's rule as a JSON Schema pattern (openapi.json), the reserved names left out.
-TENANT_PATTERN = r"^(?!unkeyed$|key-)(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# The rules as JSON Schema patterns (openapi.json): is_valid_name's, and validate_tenant_name's without reserved names.
+NAME_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+TENANT_PATTERN = r"^(?!unkeyed$|key-)" + NAME_PATTERN.removeprefix("^")
 
 
 def is_valid_name(name: str) -> bool:

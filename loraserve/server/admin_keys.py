@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loraserve.errors import InvalidRequestError
 from loraserve.registry import InferenceAuth, KeySpec
-from loraserve.registry.adapter_name import TENANT_PATTERN, is_valid_name
+from loraserve.registry.adapter_name import NAME_PATTERN, TENANT_PATTERN, is_valid_name
 from loraserve.server.responses import KEY_SECRETS, AuthMode, KeyList, KeyRevoked, NewKey, record_json
 from loraserve.server.state import ServerState, server_state
 
@@ -24,6 +24,9 @@ router = APIRouter()
 MIN_WEIGHT, MAX_WEIGHT = 0.01, 1000.0  # a share 100,000 times another is plenty
 MAX_ALLOWED_MODELS = 1000
 MAX_KEY_ID = 2**31 - 1  # the id column's range
+
+
+ModelId = Annotated[str, Field(min_length=1, json_schema_extra={"pattern": NAME_PATTERN})]  # checked: is_valid_name
 
 
 class KeyRequest(BaseModel):
@@ -40,7 +43,7 @@ class KeyRequest(BaseModel):
     )
     requests_per_minute: int | None = Field(None, ge=1, le=10**9)
     tokens_per_minute: int | None = Field(None, ge=1, le=10**12, description="prompt and generated tokens")
-    allowed_models: list[str] | None = Field(
+    allowed_models: list[ModelId] | None = Field(
         None, max_length=MAX_ALLOWED_MODELS, description="model ids it may use (adapters, the base model); null: all"
     )
 

@@ -3,9 +3,9 @@ states them, and a value outside them is refused by name before it reaches the e
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, StrictInt
+from pydantic import BeforeValidator, Field, StrictInt
 
 from loraserve.config import MAX_LOGPROBS, MAX_STOP_STRINGS
 from loraserve.engine.sampling_params import (
@@ -18,11 +18,18 @@ from loraserve.engine.sampling_params import (
     MAX_STOP_TOKEN_IDS,
 )
 
-Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX)]
-Count = Annotated[StrictInt, Field(ge=1, le=INT64_MAX)]  # n, max_tokens
-NonNegative = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]  # min_tokens, token ids
-TopK = Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)]  # -1 and 0: no cut
-Logprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]  # the server's --max-logprobs may lower it
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer holds 2.0 (a number with no fraction), never true nor "2"."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]
+Int64 = Annotated[JsonInt, Field(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[JsonInt, Field(ge=1, le=INT64_MAX)]  # n, max_tokens
+NonNegative = Annotated[JsonInt, Field(ge=0, le=INT64_MAX)]  # min_tokens, token ids
+TopK = Annotated[JsonInt, Field(ge=-1, le=INT64_MAX)]  # -1 and 0: no cut
+Logprobs = Annotated[JsonInt, Field(ge=0, le=MAX_LOGPROBS)]  # the server's --max-logprobs may lower it
 Temperature = Annotated[float, Field(ge=0, le=FLOAT32_MAX)]
 TopP = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]  # presence and frequency

@@ -13,11 +13,21 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
 from loraserve.errors import LoraserveError
-from loraserve.server.bounds import Count, Int64, Logprobs, RepetitionPenalty, StopStrings, Temperature, TopK, TopP
+from loraserve.server.bounds import (
+    Count,
+    Int64,
+    JsonInt,
+    Logprobs,
+    RepetitionPenalty,
+    StopStrings,
+    Temperature,
+    TopK,
+    TopP,
+)
 from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_target
 from loraserve.server.responses import (
     AlternativeToken,
@@ -33,6 +43,15 @@ from loraserve.server.structured import from_lorax_response_format
 router = APIRouter()
 
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
+
+
+def _refuse_true(value: bool) -> bool:
+    if value:
+        raise ValueError("is not supported by loraserve")
+    return value
+
+
+Unsupported = Annotated[StrictBool, AfterValidator(_refuse_true), Field(json_schema_extra={"const": False})]
 
 
 class GenerateParameters(BaseModel):
@@ -58,10 +77,10 @@ class GenerateParameters(BaseModel):
     truncate: Count | None = None  # keep the prompt's last this many tokens
     # Not implemented: null, or what asks for nothing.
     typical_p: None = None
-    best_of: Annotated[StrictInt, Field(le=1)] | None = None
-    watermark: Literal[False] = False
+    best_of: Annotated[JsonInt, Field(le=1)] | None = None
+    watermark: Unsupported = False
     details: bool = False
-    decoder_input_details: Literal[False] = False
+    decoder_input_details: Unsupported = False
     return_k_alternatives: Logprobs | None = None
     response_format: Any = None  # JSON output, to a schema if given (server/structured.py)
 

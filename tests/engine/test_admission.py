@@ -153,8 +153,10 @@ def test_a_refused_request_leaves_nothing_behind(make_llm):
     engine = llm.engine
     engine.add_adapter("pirate", SAMPLES / "pirate")
     taught(engine.scheduler.costs)
-    with pytest.raises(OverloadedError):  # any first token takes longer than the 1 ms target
+    engine.add_request("first", [1, 2, 3], SamplingParams(max_tokens=4))  # waits for nobody: admitted
+    with pytest.raises(OverloadedError):  # waiting for the first's prompt takes longer than the 1 ms target
         engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=4), adapter="pirate")
+    engine.abort_request("first")
     engine.remove_adapter("pirate")
     engine.add_adapter("pirate", SAMPLES / "pirate")  # the name is free: nothing of "r" holds it
     assert not engine.has_unfinished_requests()

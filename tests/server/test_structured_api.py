@@ -172,7 +172,7 @@ def test_structured_outputs_on_completions_and_json_mode_and_lorax(server):
                                   "function": {"name": "f"}}}, "tool_choice.function.name"),
         ("/v1/chat/completions", {"tools": [{"type": "custom"}], "tool_choice": "required"}, "tools.0.type"),
         ("/v1/completions", {"logit_bias": {"999999": 5}}, "logit_bias"),
-        ("/v1/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
+        ("/v1/completions", {"logit_bias": {"5": 101}}, "logit_bias.5"),  # the token whose bias is out of range
         ("/v1/completions", {"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
         ("/generate", {"response_format": {"type": "regex"}}, "parameters.response_format.type"),
     ],

@@ -54,6 +54,13 @@ class AdapterRetiringError(LoraserveError):
         super().__init__(f"adapter {name!r} was removed and its last requests still run; retry in a moment")
 
 
+class TenantWeightError(LoraserveError):
+    """A new key's weight differs from its tenant's other keys' (409 on the wire: a tenant has one share)."""
+
+    def __init__(self, tenant: str, weight: float) -> None:
+        super().__init__(f"tenant {tenant!r} has weight {weight:g} (its other keys'): give the same")
+
+
 class PayloadTooLargeError(LoraserveError):
     """An upload or archive exceeds a configured size limit (413 on the wire)."""
 

@@ -37,6 +37,7 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (domain.AdapterError, 422, "invalid_adapter_error", None),  # code: the field or file
     (domain.AdapterExistsError, 409, "conflict_error", "adapter_exists"),
     (domain.AdapterRetiringError, 409, "conflict_error", "adapter_retiring"),
+    (domain.TenantWeightError, 409, "conflict_error", "weight"),
     (domain.PayloadTooLargeError, 413, "invalid_request_error", "payload_too_large"),
     (domain.AdapterUnavailableError, 503, "server_error", "unavailable"),
     (domain.RegistryError, 503, "server_error", "registry_unavailable"),
@@ -70,7 +71,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "no or a wrong API key / admin token"),
         (403, "a wrong admin token, or a model this API key may not use"),
         (404, "unknown model, adapter, API key or route"),
-        (409, "the adapter name is taken, or the adapter is being removed"),
+        (409, "the adapter name is taken, the adapter is being removed, or the tenant's keys have another weight"),
         (413, "the body or the upload is too large"),
         (422, "the adapter cannot be accepted (code: the field or file)"),
         (429, "the API key's requests or tokens per minute are spent (Retry-After; code: the quota)"),

@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from loraserve.engine.fair_share import UNKEYED, Tenant
-from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotAllowedError
+from loraserve.errors import LoraserveError, ModelNotAllowedError, TenantWeightError
 from loraserve.registry import ApiKeyInfo, InferenceAuth, KeySpec, Registry, hash_key
 from loraserve.server.accounts import Accounts, LocalAccounts, Turn
 from loraserve.server.quotas import Quota, Quotas
@@ -108,11 +108,10 @@ class Tenants:
         return sorted(records, key=lambda r: (r.tenant, r.id))
 
     async def create(self, spec: KeySpec) -> tuple[ApiKeyInfo, str]:
-        """A new key; 400 if the tenant's other keys have another weight (a tenant has one share)."""
+        """A new key; 409 if the tenant's other keys have another weight (a tenant has one share): the registry's
+        state refuses it, not the request's shape."""
         if weights := {r.weight for r in self.records() if r.tenant == spec.tenant} - {spec.weight}:
-            raise InvalidRequestError(
-                "weight", f"tenant {spec.tenant!r} has weight {weights.pop():g} (its other keys'): give the same"
-            )
+            raise TenantWeightError(spec.tenant, weights.pop())
         record, key = await self._calls(f"create an API key of {spec.tenant!r}", self._registry.keys.create, spec)
         self._stored[record.key_hash] = TenantKey.of(record)
         self.auth = InferenceAuth.KEYS  # as the registry recorded with the key

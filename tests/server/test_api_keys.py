@@ -57,7 +57,7 @@ def test_a_key_is_shown_once_stored_as_a_hash_and_required_once_it_exists(keyed_
     assert 'loraserve_tenant_requests_total{tenant="acme"} 1.0' in metrics
 
     other_weight = create(server, tenant="acme", weight=1)  # a tenant has one share of the engine
-    assert other_weight.status_code == 400 and other_weight.json()["error"]["code"] == "weight"
+    assert other_weight.status_code == 409 and other_weight.json()["error"]["code"] == "weight"
     rotated = create(server, tenant="acme", weight=2).json()  # a second key, to rotate the first
     revoked = httpx.delete(f"{server.url}/admin/keys/{record['id']}", headers=ADMIN)
     assert revoked.json() == {"id": record["id"], "tenant": "acme", "deleted": True}

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from loraserve.config import SchedulerConfig
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.llm_engine import LLMEngine
 from loraserve.engine.outputs import RequestOutput
@@ -61,6 +62,8 @@ class AsyncLLMEngine:
         self.tokenizer: PreTrainedTokenizerBase = engine.tokenizer
         self.max_prompt_chars: int = engine.max_prompt_chars
         self.max_mix_parts: int = engine.config.lora.max_mix_parts
+        self.scheduler_config: SchedulerConfig = engine.config.scheduler  # its per-request limits: --max-n...
+        self.vocab_size: int = engine.loaded.model.spec.vocab_size  # token ids lie in [0, vocab_size)
         self.on_death = on_death  # called from the engine thread once the loop has stopped for good
         self._has_work = threading.Event()
         self._streams: dict[str, _Stream] = {}  # the engine thread's alone

@@ -11,11 +11,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from loraserve.errors import InvalidRequestError
 from loraserve.registry import InferenceAuth, KeySpec
 from loraserve.registry.adapter_name import NAME_PATTERN, TENANT_PATTERN, is_valid_name
+from loraserve.server.bounds import INTEGRAL
 from loraserve.server.responses import KEY_SECRETS, AuthMode, KeyList, KeyRevoked, NewKey, record_json
 from loraserve.server.state import ServerState, server_state
 
@@ -41,8 +42,11 @@ class KeyRequest(BaseModel):
     weight: float = Field(
         1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="the tenant's share of the engine against others"
     )
-    requests_per_minute: int | None = Field(None, ge=1, le=10**9)
-    tokens_per_minute: int | None = Field(None, ge=1, le=10**12, description="prompt and generated tokens")
+    # Integers as JSON Schema counts them (bounds.INTEGRAL: 60.0 is one).
+    requests_per_minute: Annotated[StrictInt, Field(ge=1, le=10**9), INTEGRAL] | None = None
+    tokens_per_minute: Annotated[StrictInt, Field(ge=1, le=10**12), INTEGRAL] | None = Field(
+        None, description="prompt and generated tokens"
+    )
     allowed_models: list[ModelId] | None = Field(
         None, max_length=MAX_ALLOWED_MODELS, description="model ids it may use (adapters, the base model); null: all"
     )

@@ -25,6 +25,7 @@ from loraserve.server.body_limit import BodyLimitMiddleware
 from loraserve.server.catalog import AdapterCatalog
 from loraserve.server.errors import ERROR_RESPONSES, install_error_handlers
 from loraserve.server.metrics import Metrics
+from loraserve.server.openapi_limits import SchemaLimits, openapi_with_limits
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.state import ServerState, server_state
 from loraserve.server.tenants import Tenants
@@ -75,6 +76,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig, accounts: Accounts 
                 registry.close()
 
     app = FastAPI(title="loraserve", lifespan=lifespan, responses=ERROR_RESPONSES)
+    app.openapi = openapi_with_limits(app, SchemaLimits.of(engine))  # type: ignore[method-assign]
     tokenizer = engine.tokenizer
     app.state.loraserve = ServerState(
         engine=engine,

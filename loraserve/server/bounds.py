@@ -24,12 +24,14 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]
-Int64 = Annotated[JsonInt, Field(ge=INT64_MIN, le=INT64_MAX)]
-Count = Annotated[JsonInt, Field(ge=1, le=INT64_MAX)]  # n, max_tokens
-NonNegative = Annotated[JsonInt, Field(ge=0, le=INT64_MAX)]  # min_tokens, token ids
-TopK = Annotated[JsonInt, Field(ge=-1, le=INT64_MAX)]  # -1 and 0: no cut
-Logprobs = Annotated[JsonInt, Field(ge=0, le=MAX_LOGPROBS)]  # the server's --max-logprobs may lower it
+# After the bounds: set before it, they would wrap the validator and reach openapi.json as pydantic's "ge"/"le",
+# which JSON Schema does not know, rather than as "minimum"/"maximum".
+INTEGRAL = BeforeValidator(_integral)
+Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX), INTEGRAL]
+Count = Annotated[StrictInt, Field(ge=1, le=INT64_MAX), INTEGRAL]  # n, max_tokens
+NonNegative = Annotated[StrictInt, Field(ge=0, le=INT64_MAX), INTEGRAL]  # min_tokens, token ids
+TopK = Annotated[StrictInt, Field(ge=-1, le=INT64_MAX), INTEGRAL]  # -1 and 0: no cut
+Logprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL]  # the server's --max-logprobs may lower it
 Temperature = Annotated[float, Field(ge=0, le=FLOAT32_MAX)]
 TopP = Annotated[float, Field(gt=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]  # presence and frequency

@@ -9,18 +9,18 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams
 from loraserve.errors import LoraserveError
 from loraserve.server.bounds import (
+    INTEGRAL,
     Count,
     Int64,
-    JsonInt,
     Logprobs,
     RepetitionPenalty,
     StopStrings,
@@ -28,6 +28,7 @@ from loraserve.server.bounds import (
     TopK,
     TopP,
 )
+from loraserve.server.checked_fields import LoraxResponseFormat, MergedAdapters
 from loraserve.server.generation import Scheduling, fields_named, generate, json_or_events, resolve_target
 from loraserve.server.responses import (
     AlternativeToken,
@@ -63,7 +64,7 @@ class GenerateParameters(BaseModel):
     adapter_id: str | None = None
     adapter_source: str | None = None  # every adapter comes from the registry, whatever the source says
     api_token: str | None = None
-    merged_adapters: Any = None  # checked by merge.MixSpec.parse, which names the sub-field at fault
+    merged_adapters: MergedAdapters = None  # checked by MixSpec.parse, which names the sub-field at fault
     do_sample: bool = False
     max_new_tokens: Count | None = None
     ignore_eos_token: bool = False
@@ -77,12 +78,12 @@ class GenerateParameters(BaseModel):
     truncate: Count | None = None  # keep the prompt's last this many tokens
     # Not implemented: null, or what asks for nothing.
     typical_p: None = None
-    best_of: Annotated[JsonInt, Field(le=1)] | None = None
+    best_of: Annotated[StrictInt, Field(le=1), INTEGRAL] | None = None
     watermark: Unsupported = False
     details: bool = False
     decoder_input_details: Unsupported = False
     return_k_alternatives: Logprobs | None = None
-    response_format: Any = None  # JSON output, to a schema if given (server/structured.py)
+    response_format: LoraxResponseFormat = None  # JSON output, to a schema if given (server/structured.py)
 
     def sampling_params(self) -> SamplingParams:
         """TGI semantics: greedy unless do_sample or a sampling knob is set."""

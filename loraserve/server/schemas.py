@@ -27,6 +27,14 @@ from loraserve.server.bounds import (
     TopP,
 )
 from loraserve.server.chat_messages import ChatMessage
+from loraserve.server.checked_fields import (
+    CHAT_FIELD_RULES,
+    MergedAdapters,
+    ResponseFormat,
+    StructuredOutputs,
+    ToolChoice,
+    Tools,
+)
 from loraserve.server.structured import ToolCall, from_response_format, from_structured_outputs
 
 
@@ -57,7 +65,7 @@ class SamplingFields(BaseModel):
     priority: Int64 = 0  # vLLM's extension: lower first
     timeout: Seconds | None = None  # seconds the request may wait for its start, else 504
     adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
-    merged_adapters: Any = None  # LoRAX's mix of adapters, as an extension (checked by merge.MixSpec.parse)
+    merged_adapters: MergedAdapters = None  # LoRAX's mix of adapters, as an extension (checked by MixSpec.parse)
     n: Count = 1  # the server's --max-n may lower the bound (openapi.json says it)
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
@@ -71,8 +79,8 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     min_tokens: NonNegative = 0  # vLLM's; at most max_tokens (checked by SamplingParams, which names it)
     logit_bias: LogitBias | None = None
-    response_format: Any = None  # structured output (server/structured.py checks these three)
-    structured_outputs: Any = None
+    response_format: ResponseFormat = None  # structured output (server/structured.py checks these three)
+    structured_outputs: StructuredOutputs = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -119,13 +127,15 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(json_schema_extra=CHAT_FIELD_RULES)  # checked by create_chat_completion
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Count | None = None
     max_completion_tokens: Count | None = None
     logprobs: bool = False
     top_logprobs: Logprobs | None = None
-    tools: Any = None  # with tool_choice: server/structured.py forced_tool_call
-    tool_choice: Any = None
+    tools: Tools = None  # with tool_choice: server/structured.py forced_tool_call
+    tool_choice: ToolChoice = None
     parallel_tool_calls: Any = None  # one forced call is all loraserve makes: accepted, whatever it says
 
 

@@ -97,7 +97,7 @@ def forced_tool_call(tools: Any, tool_choice: Any) -> ToolCall | None:
         name = next(iter(functions))
     elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         name = _object(tool_choice.get("function"), "tool_choice.function").get("name")
-        if name not in functions:
+        if not isinstance(name, str) or name not in functions:  # an object is no name (nor hashable)
             raise InvalidRequestError("tool_choice.function.name", f"names no function of tools: {name!r}")
     else:
         raise InvalidRequestError(
@@ -112,9 +112,12 @@ def forced_tool_call(tools: Any, tool_choice: Any) -> ToolCall | None:
 def _function_name(tool: Any, field: str) -> str:
     if _object(tool, field).get("type") != "function":
         raise InvalidRequestError(f"{field}.type", "must be 'function'")
-    name = _object(tool.get("function"), f"{field}.function").get("name")
+    function = _object(tool.get("function"), f"{field}.function")
+    name = function.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidRequestError(f"{field}.function.name", "must be a non-empty string")
+    if not isinstance(function.get("parameters"), dict | None):  # every tool's, as the template shows them all
+        raise InvalidRequestError(f"{field}.function.parameters", "must be a JSON schema (an object) or null")
     return name
 
 

@@ -4,17 +4,58 @@ only the answer that rule gives; any other refusal of a schema-valid request sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import schemathesis
 from schemathesis.core.failures import Failure
 from schemathesis.openapi.checks import RejectedPositiveData
 
-# The prompt's tokens, after the chat template, must leave room for one in the context window: a token budget, not a
-# length a schema can state.
-_PROMPT_FIELDS = {"prompt", "inputs", "messages"}
 # The upload routes' files and load_lora_adapter's directory are checked as an adapter: their content, not their shape.
 _ADAPTER_ROUTES = {("POST", "/admin/adapters"), ("PUT", "/admin/adapters/{name}"), ("POST", "/v1/load_lora_adapter")}
+_STRUCTURED_FIELDS = ("response_format", "structured_outputs", "tools", "parameters.response_format")
+_MIX_FIELDS = ("merged_adapters", "parameters.merged_adapters")
+
+
+def _refused(code: Callable[[str], bool], *words: str) -> Callable[[int, dict[str, Any], schemathesis.Case], bool]:
+    """A 400 whose code `code` accepts and whose message holds `words`."""
+    return lambda status, error, _: (
+        status == 400 and code(str(error.get("code"))) and all(word in error.get("message", "") for word in words)
+    )
+
+
+# Each rule: (status, the error object, the case) -> whether the refusal is that rule's.
+_RULES: dict[str, Callable[[int, dict[str, Any], schemathesis.Case], bool]] = {
+    # The prompt's tokens, after the chat template, must leave room for one in the context window: a token budget,
+    # not a length a schema can state.
+    "prompt past the context window": _refused(lambda code: code in {"prompt", "inputs", "messages"}, "context window"),
+    # What the grammar engine can build (llguidance's JSON Schema subset, its regex syntax) is the engine's to say.
+    "grammar the engine cannot build": _refused(lambda code: code.startswith(_STRUCTURED_FIELDS), "as a grammar"),
+    # JSON Schema compares no two fields' values: min_tokens against max_tokens (or its default), a mix's weights
+    # against its ids, tool_choice's name against tools' names.
+    "min_tokens above max_tokens": _refused(lambda code: code == "min_tokens", "at most max_tokens"),
+    "a weight per mixed adapter": _refused(lambda code: code.endswith("merged_adapters.weights"), "one per id"),
+    "tool_choice names a function of tools": _refused(
+        lambda code: code == "tool_choice.function.name", "names no function of tools"
+    ),
+    "required with several tools": lambda status, error, case: (
+        isinstance(case.body, dict)
+        and case.body.get("tool_choice") == "required"
+        and _refused(lambda code: code == "tool_choice", "must name one function")(status, error, case)
+    ),
+    # One way to ask for structured output: response_format "text" and tool_choice "none" ask for none, so the
+    # rule depends on the values, with three fields.
+    "one way of structured output": _refused(
+        lambda code: code in {"structured_outputs", "tool_choice"}, "cannot be combined with"
+    ),
+    # A mix is made over the base model, whose name the server's model decides.
+    "a mix over the base model": _refused(lambda code: code in _MIX_FIELDS, "mixes adapters over the base model"),
+    "not an adapter": lambda status, error, case: (
+        status == 422
+        and error.get("type") == "invalid_adapter_error"
+        and (case.operation.method.upper(), case.operation.path) in _ADAPTER_ROUTES
+    ),
+}
 
 
 def _error(response: Any) -> dict[str, Any]:
@@ -22,7 +63,8 @@ def _error(response: Any) -> dict[str, Any]:
         body = response.json()
     except ValueError:
         return {}
-    return body.get("error", {}) if isinstance(body, dict) else {}
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    return error if isinstance(error, dict) else {}
 
 
 @schemathesis.hook
@@ -31,14 +73,4 @@ def filter_failure(ctx: Any, failure: Failure, case: schemathesis.Case, response
     if not isinstance(failure, RejectedPositiveData):
         return True
     error = _error(response)
-    too_long = (
-        response.status_code == 400
-        and error.get("code") in _PROMPT_FIELDS
-        and ("context window" in error.get("message", ""))
-    )
-    not_an_adapter = (
-        response.status_code == 422
-        and error.get("type") == "invalid_adapter_error"
-        and ((case.operation.method.upper(), case.operation.path) in _ADAPTER_ROUTES)
-    )
-    return not (too_long or not_an_adapter)
+    return not any(rule(response.status_code, error, case) for rule in _RULES.values())

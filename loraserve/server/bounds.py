@@ -24,13 +24,16 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+# JSON's safe integers (JavaScript's Number.MAX_SAFE_INTEGER), the top of counts no one needs whole: many clients and
+# schema-driven generators read JSON numbers as doubles, exact only up to here (INT64_MAX itself rounds past int64).
+MAX_SAFE_INTEGER = 2**53 - 1
 # After the bounds: set before it, they would wrap the validator and reach openapi.json as pydantic's "ge"/"le",
 # which JSON Schema does not know, rather than as "minimum"/"maximum".
 INTEGRAL = BeforeValidator(_integral)
-Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX), INTEGRAL]
-Count = Annotated[StrictInt, Field(ge=1, le=INT64_MAX), INTEGRAL]  # n, max_tokens
-NonNegative = Annotated[StrictInt, Field(ge=0, le=INT64_MAX), INTEGRAL]  # min_tokens, token ids
-TopK = Annotated[StrictInt, Field(ge=-1, le=INT64_MAX), INTEGRAL]  # -1 and 0: no cut
+Int64 = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX), INTEGRAL]  # seeds take the whole range
+Count = Annotated[StrictInt, Field(ge=1, le=MAX_SAFE_INTEGER), INTEGRAL]  # n, max_tokens
+NonNegative = Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER), INTEGRAL]  # min_tokens, token ids
+TopK = Annotated[StrictInt, Field(ge=-1, le=MAX_SAFE_INTEGER), INTEGRAL]  # -1 and 0: no cut
 Logprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS), INTEGRAL]  # the server's --max-logprobs may lower it
 Temperature = Annotated[float, Field(ge=0, le=FLOAT32_MAX)]
 TopP = Annotated[float, Field(gt=0, le=1)]

@@ -24,7 +24,7 @@ from benchmarks.servers import RunningServer, ServerSettings, serve
 from benchmarks.soak import TenantLoad, new_key, run_tenant, tenant_requests
 
 SECTION = "fairness"
-CONFIGURATIONS = {"--slo chat": ("--slo", "chat"), "no SLO targets": ()}
+CONFIGURATIONS = {"--slo chat": ("--slo", "chat"), "no SLO targets": ("--slo", "off")}
 
 
 async def measure(

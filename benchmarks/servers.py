@@ -32,7 +32,9 @@ class ServerSettings:
     max_num_seqs: int
     max_loras: int  # adapters in one step (on the device)
     max_lora_rank: int = 16
-    loraserve_flags: tuple[str, ...] = ()  # more `loraserve serve` flags (SLO targets, say)
+    # More `loraserve serve` flags. Plain queueing unless a bench says otherwise: beside peers that queue every request,
+    # the default refusals past capacity (--slo chat) would count as failures (the overload bench runs both).
+    loraserve_flags: tuple[str, ...] = ("--slo", "off")
 
 
 @dataclass(frozen=True)

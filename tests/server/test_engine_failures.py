@@ -59,7 +59,7 @@ def test_once_the_engine_dies_requests_and_health_answer_503_with_the_reason(doo
     url = doomed_server.url
     precision = {"compute": "float32", "weights": "float32"}
     assert httpx.get(f"{url}/health").json() == {
-        "status": "ok", "engine": "running", "registry": "ok", "model": MODEL, **precision
+        "status": "ok", "engine": "running", "registry": "ok", "model": MODEL, "auth": "open", **precision
     }  # fmt: skip
     doomed_server.engine.engine.model_runner.faults.device_failure = True
     for _ in range(2):  # the request that met the failure, then any later one

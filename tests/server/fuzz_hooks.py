@@ -48,6 +48,11 @@ _RULES: dict[str, Callable[[int, dict[str, Any], schemathesis.Case], bool]] = {
     "one way of structured output": _refused(
         lambda code: code in {"structured_outputs", "tool_choice"}, "cannot be combined with"
     ),
+    # ignore_eos (LoRAX's ignore_eos_token) with structured output: a document ends with EOS, so one may not ignore it;
+    # the rule depends on the value of one field and the presence of several others.
+    "ignore_eos with structured output": _refused(
+        lambda code: code.endswith(("ignore_eos", "ignore_eos_token")), "cannot be set with structured output"
+    ),
     # A mix is made over the base model, whose name the server's model decides.
     "a mix over the base model": _refused(lambda code: code in _MIX_FIELDS, "mixes adapters over the base model"),
     # A seed or priority's int64 range: schemathesis reads the schema's bounds as doubles and sends values just past

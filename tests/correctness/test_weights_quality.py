@@ -35,7 +35,7 @@ def test_bfloat16_dot_products_keep_float32_activations_quality_for_base_and_ada
 
 def test_int8_weights_keep_the_top_token_and_a_small_kl_for_base_and_adapter():
     """The issue's bounds: >= 97% of top tokens, and a mean KL no worse than llama.cpp's q8_0 on this
-    text (0.0079, docs/benchmarks.md); int8 blocks of scale and min hold this model's 4-bit weights."""
+    text (0.0079, docs/benchmarks/weights.md); int8 blocks of scale and min hold this model's 4-bit weights."""
     qualities, _ = measure("float32", "int8", [None, "pirate"], TOKENS)
     for adapter, quality in qualities.items():
         assert quality.same_top >= 0.97 and quality.mean_kl <= 0.0079, (adapter, quality)

@@ -2,7 +2,7 @@
 matmuls of `decode_attention` and the compiled kernel (cpu_attention.py), at SmolLM2's heads
 (9 query, 3 KV, dim 64).
 
-    python -m benchmarks.bench_attention            # a section of docs/benchmarks.md
+    python -m benchmarks.bench_attention            # a section of docs/benchmarks/kernels.md
     python -m benchmarks.bench_attention --quick    # a smoke run; nothing written
 
 All start from one layer of a paged cache with each row's blocks scattered: the torch paths
@@ -17,7 +17,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from benchmarks.report import add_report_flags, machine_description, page, reproduce_command, write_section
 from benchmarks.timing import median_microseconds
 from loraserve.config import default_cache_dir
 from loraserve.models.attention import decode_attention
@@ -48,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("kernels")
     batches, contexts, repeats = ((4,), (64,), 3) if args.quick else ((1, 8, 32, 64), (128, 512, 2048), 30)
     rows = [
         "| dtype | batch | context | SDPA (us) | two matmuls (us) | compiled kernel (us) | kernel vs SDPA |",

@@ -5,7 +5,7 @@ requested tokens count); loraserve runs the same prompts with continuous batchin
 the same maximum batch size. EOS is ignored so both produce exactly the requested
 tokens. Runs alternate between the two systems and repeat; medians are reported.
 
-    python -m benchmarks.bench_engine            # full table into docs/benchmarks.md
+    python -m benchmarks.bench_engine            # full table into docs/benchmarks/engine.md
     python -m benchmarks.bench_engine --quick    # a smoke run, nothing written
 
 --dtypes picks the table's dtypes; --dtype (default auto) the one of the step profile.
@@ -31,6 +31,7 @@ from benchmarks.report import (
     machine_description,
     median_spread,
     model_config_of,
+    page,
     reproduce_command,
     write_section,
 )
@@ -197,6 +198,7 @@ def main() -> None:
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("gpu" if args.device == "cuda" else "engine")
     if args.quick:
         args.batch_sizes, args.dtypes, args.repeats, args.min_output, args.max_output = [2], ["float32"], 1, 4, 8
     workload = chat_workload(max(2 * max(args.batch_sizes), 4), args.min_output, args.max_output)

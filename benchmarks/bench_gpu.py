@@ -9,7 +9,7 @@ with the decode CUDA graphs and without (--enforce-eager).
 - Batch B (64) over N (32) adapters of rank R (16) on all seven projections, against the same
   requests on the base model: decode tokens/s, from a run of 1 token and one of 1 + T tokens,
   so prompt steps cancel out.
-Writes the section `gpu-decode` of docs/benchmarks.md.
+Writes the section `gpu-decode` of docs/benchmarks/gpu.md.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from benchmarks.report import (
     add_report_flags,
     machine_description,
     model_config_of,
+    page,
     reproduce_command,
     write_section,
 )
@@ -77,6 +78,7 @@ def main() -> None:
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("gpu")
     args.device = "cuda"
     if args.quick:
         args.batch, args.adapters, args.steps = 4, 2, 4

@@ -1,6 +1,6 @@
 """SGMV/BGMV kernels on a CUDA GPU: time, achieved memory bandwidth, and its share of the peak.
 
-    python -m benchmarks.bench_kernels            # table into docs/benchmarks.md (needs CUDA)
+    python -m benchmarks.bench_kernels            # table into docs/benchmarks/gpu.md (needs CUDA)
     python -m benchmarks.bench_kernels --quick    # a smoke run, nothing written
     python -m benchmarks.bench_kernels --sweep    # launch shapes against each other, then the table
     python -m benchmarks.bench_kernels --sweep --write-tuned   # and keep the winner for this GPU
@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.report import add_report_flags, reproduce_command, write_section
+from benchmarks.report import add_report_flags, page, reproduce_command, write_section
 from sgmv_kernels import (
     pool_from_dense,
     sgmv_expand_group,
@@ -333,6 +333,7 @@ def main() -> None:
     parser.add_argument("--write-tuned", action="store_true", help="keep the sweep's winner for this GPU")
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("gpu")
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels needs a CUDA device")
     peak = peak_bandwidth()

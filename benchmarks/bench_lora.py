@@ -4,7 +4,7 @@ adapters (peft refuses DoRA in a mixed-adapter batch, so it has no DoRA row) and
 (`merged_adapters`, linear: adapters i and i + 2, which share a rank), made before the timed run as a
 cached mix is.
 
-    python -m benchmarks.bench_lora            # writes its section of docs/benchmarks.md
+    python -m benchmarks.bench_lora            # writes its section of docs/benchmarks/multi-lora.md
     python -m benchmarks.bench_lora --quick    # smoke run, nothing written
 
 Adapters: ranks 8 and 16 alternating, all seven projections, seeded random weights in
@@ -32,6 +32,7 @@ from benchmarks.report import (
     machine_description,
     median_spread,
     model_config_of,
+    page,
     reproduce_command,
     write_section,
 )
@@ -93,6 +94,7 @@ def main() -> None:
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("gpu" if args.device == "cuda" else "multi-lora")
     if args.quick:
         args.requests, args.adapters, args.max_tokens, args.repeats = 4, 2, 4, 1
     loaded = load_model(model_config_of(args))

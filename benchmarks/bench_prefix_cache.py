@@ -1,7 +1,7 @@
 """Prefix caching on a persona-chat workload: requests that share their persona's long system
 prompt and adapter, with the prefix cache on and off.
 
-    python -m benchmarks.bench_prefix_cache            # writes its section of docs/benchmarks.md
+    python -m benchmarks.bench_prefix_cache            # writes its section of docs/benchmarks/prefix-cache.md
     python -m benchmarks.bench_prefix_cache --quick    # smoke run, nothing written
 
 Four personas (the sample adapters in adapters/), each with its own system prompt of a few
@@ -22,6 +22,7 @@ from benchmarks.report import (
     add_report_flags,
     machine_description,
     median_spread,
+    page,
     reproduce_command,
     write_section,
 )
@@ -132,6 +133,7 @@ def main() -> None:
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("prefix-cache")
     if args.quick:
         args.requests, args.max_tokens, args.repeats = 8, 4, 1
     loaded = load_model(ModelConfig(model=args.model, dtype=args.dtype, device=args.device))

@@ -1,6 +1,6 @@
 """Speculative decoding by prompt lookup against plain decoding, in the same run: TPOT and tokens/s.
 
-    python -m benchmarks.bench_speculative            # writes its section of docs/benchmarks.md
+    python -m benchmarks.bench_speculative            # writes its section of docs/benchmarks/speculative.md
     python -m benchmarks.bench_speculative --quick    # smoke run, nothing written
 
 Two workloads of chat prompts on the default model, greedy (in float32 both systems write the same
@@ -29,6 +29,7 @@ from benchmarks.report import (
     machine_description,
     median_spread,
     model_config_of,
+    page,
     reproduce_command,
     write_section,
 )
@@ -141,6 +142,7 @@ def main() -> None:
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("speculative")
     if args.quick:
         args.batch_sizes, args.prompts, args.repeats, args.max_tokens = [2], 2, 1, 16
     loaded = load_model(model_config_of(args))

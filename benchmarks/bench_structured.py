@@ -1,6 +1,6 @@
 """Structured output: the grammar libraries compared, what constraining costs the batch, and a first request's wait.
 
-    python -m benchmarks.bench_structured            # writes its section of docs/benchmarks.md
+    python -m benchmarks.bench_structured            # writes its section of docs/benchmarks/structured-output.md
     python -m benchmarks.bench_structured --quick    # smoke run, nothing written
 
 1. xgrammar against llguidance, over the default model's tokenizer and the 28 test schemas of
@@ -38,6 +38,7 @@ from benchmarks.report import (
     machine_description,
     median_spread,
     model_config_of,
+    page,
     reproduce_command,
     write_section,
 )
@@ -247,6 +248,7 @@ def main() -> None:
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("structured-output")
     if args.quick:
         args.batch, args.max_tokens, args.repeats, args.mask_steps = 8, 8, 1, 2
     loaded = load_model(model_config_of(args))

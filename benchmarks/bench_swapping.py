@@ -6,7 +6,7 @@ The pool (KV blocks and adapter weights share its pages) is sized to the KV of a
 batch plus the pages of N rank-16 adapters, and there are N slots: memory, not a slot
 count, is what makes adapters leave.
 
-    python -m benchmarks.bench_swapping            # writes its section of docs/benchmarks.md
+    python -m benchmarks.bench_swapping            # writes its section of docs/benchmarks/adapter-swapping.md
     python -m benchmarks.bench_swapping --quick    # smoke run, nothing written
 
 Adapters: ranks 8 and 16 alternating on q_proj and v_proj, random weights written as PEFT
@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, machine_description, median_spread, reproduce_command, write_section
+from benchmarks.report import (
+    add_report_flags,
+    machine_description,
+    median_spread,
+    page,
+    reproduce_command,
+    write_section,
+)
 from benchmarks.workloads import arrival_times, assign_adapters, chat_workload
 from loraserve import SamplingParams
 from loraserve.config import CacheConfig, EngineConfig, LoraConfig, ModelConfig, SchedulerConfig
@@ -121,6 +128,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("adapter-swapping")
     if args.quick:
         args.adapters, args.pool_adapters, args.requests, args.rate, args.max_tokens, args.repeats = (
             12,

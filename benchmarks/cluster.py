@@ -1,7 +1,7 @@
 """`loraserve bench cluster`: one engine replica against two on this machine, adapter-affinity routing against
 random, through the cluster's ingress (Ray Serve; `loraserve cluster`).
 
-    loraserve bench cluster                    # a section of docs/benchmarks.md
+    loraserve bench cluster                    # a section of docs/benchmarks/cluster.md
     loraserve bench cluster --quick            # a smoke run; nothing written
 
 --adapters (256) random adapters (rank 8 on q_proj and v_proj: small, so the registry database holds them all) with
@@ -30,7 +30,7 @@ from benchmarks.base_model import resolve_base_model
 from benchmarks.load_client import SLO, LoadReport, Request, run_load
 from benchmarks.postgres import scratch_database
 from benchmarks.random_adapters import write_random_adapters
-from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from benchmarks.report import add_report_flags, machine_description, page, reproduce_command, write_section
 from benchmarks.workloads import arrival_times, assign_adapters, prompt_token_ids
 from loraserve.admin_client import AdminClient
 from loraserve.config import EngineConfig, ServerConfig
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8765)
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    args.output = args.output or page("cluster")
     if args.quick:
         args.adapters, args.requests = 8, 16
     import ray

@@ -5,7 +5,7 @@ batch 1 and at batch 64 with and without 32 adapters of rank 16, then the kernel
     python -m benchmarks.random_model --shapes llama3-8b /tmp/llama3-8b
     python -m benchmarks.gpu_host_gap /tmp/llama3-8b
 
-Prints its figures (docs/benchmarks.md quotes them in its hand-written GPU readings).
+Prints its figures (docs/benchmarks/gpu.md quotes them in its hand-written GPU readings).
 """
 
 from __future__ import annotations

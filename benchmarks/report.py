@@ -1,4 +1,5 @@
-"""Writing results into docs/benchmarks.md: one marked section per benchmark, the rest kept."""
+"""Writing results into the pages of docs/benchmarks/: one marked section per benchmark, the rest kept
+(docs/benchmarks.md sums up the pages' current figures by hand)."""
 
 from __future__ import annotations
 
@@ -111,9 +112,15 @@ def run_suffix(systems: list[str], full: set[str]) -> str:
     return "".join(f"-{name}" for name in systems if name != "loraserve")
 
 
+def page(topic: str) -> Path:
+    """docs/benchmarks/TOPIC.md: the page of one topic's sections and the readings written beside them."""
+    return Path("docs/benchmarks") / f"{topic}.md"
+
+
 def add_report_flags(parser: argparse.ArgumentParser) -> None:
-    """--output (where the section goes) and --quick (a smoke run that writes nothing), for every harness."""
-    parser.add_argument("--output", type=Path, default=Path("docs/benchmarks.md"))
+    """--output (where the section goes; a harness defaults it to its topic's page) and --quick (a smoke
+    run that writes nothing), for every harness."""
+    parser.add_argument("--output", type=Path, default=None, help="default: its page of docs/benchmarks/")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run; writes nothing")
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.plots import bars_by_label
-from benchmarks.report import add_report_flags, machine_description, reproduce_command, write_section
+from benchmarks.report import add_report_flags, machine_description, page, reproduce_command, write_section
 from benchmarks.workloads import arrival_times, assign_adapters
 
 
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-tokens", type=int, default=64, help="mean (exponential)")
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    args.output = args.output or page("cluster")
     if args.quick:
         args.replicas, args.adapters, args.requests = 10, 1000, 5000
     costs = ASSUMED if args.quick else measure_costs()

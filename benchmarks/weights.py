@@ -7,7 +7,7 @@ one-chat runs. Per mode: one chat (base, and with an adapter), and 32 chats over
 modes are loaded at once and take turns, so that the VM's drift moves them alike. Then
 llama.cpp's llama-server on the same token ids, per weights type of the same bytes (f32, f16, bf16, q8_0).
 
-    loraserve bench weights            # writes its section of docs/benchmarks.md
+    loraserve bench weights            # writes its section of docs/benchmarks/weights.md
     loraserve bench weights --quick    # a smoke run, nothing written
 """
 
@@ -33,6 +33,7 @@ from benchmarks.report import (
     cpu_class_suffix,
     cpu_class_title,
     machine_description,
+    page,
     weights_modes,
     write_section,
 )
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
+    args.output = args.output or page("weights")
     modes = args.modes or weights_modes()
     tokens, repeats = (8, 1) if args.quick else (args.tokens, args.repeats)
     peer = (args.peer or ("none" if args.quick else "llama.cpp")) == "llama.cpp"

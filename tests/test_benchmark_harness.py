@@ -49,7 +49,7 @@ def test_benchmark_smoke_run(module, tmp_path):
 def test_offline_comparison_reports_every_system_and_checks_outputs(tmp_path):
     """A tiny offline comparison in float32: peft runs, a peer that cannot start is reported with
     the reason, and loraserve's greedy tokens equal peft's for every request of every workload."""
-    output = tmp_path / "benchmarks.md"
+    output = tmp_path / "offline.md"
     run_module(
         "benchmarks.offline",
         *("--requests", "3", "--adapters", "2", "--output-len", "3", "--repeats", "1", "--dtype", "float32"),
@@ -101,7 +101,7 @@ def test_llama_cpp_runner_sends_each_request_with_its_adapter_and_reads_its_toke
 
 @pytest.mark.slow
 def test_agreement_check_compares_float32_tokens_with_peft(tmp_path):
-    output = tmp_path / "benchmarks.md"
+    output = tmp_path / "offline.md"
     run_module(
         "benchmarks.offline",
         *("--check", "--requests", "2", "--adapters", "2", "--output-len", "3"),

@@ -1,6 +1,6 @@
 """What int8 weights would cost with x in 8 bits: emulated in transformers on the quality text.
 
-`--weights int8` multiplies its bytes by x quantized to int16 blocks of 32 (linear_cpu.cpp). x in
+`--weights int8` multiplies its bytes by x quantized to int16 blocks of 32 (linear.cpp). x in
 int8 would let AVX512-VNNI's `vpdpbusd` do twice the products an instruction, so this measures
 what that costs, per projection kind and with the K-blocks that matter most kept in 16 bits (their
 x's squared block maximum times the weights' squared norm over the block, on the text's first half).
@@ -21,10 +21,10 @@ from torch import nn
 
 from benchmarks.quality import TEXT, compare
 from loraserve.config import default_cache_dir
-from loraserve.models.cpu_linear import BLOCK, quantize_int8
+from loraserve.models.cpu.linear import BLOCK, quantize_int8
 from loraserve.models.default_model import default_model_dir
 
-INT16_LEVELS = 32639.0  # linear_cpu.cpp's kInt16Range
+INT16_LEVELS = 32639.0  # linear.cpp's kInt16Range
 INT8_LEVELS = 127.0
 KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 KIND_CONFIGS = {

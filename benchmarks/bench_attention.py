@@ -1,5 +1,5 @@
 """Decode attention (one query token per row over the paged context): SDPA, the two batched
-matmuls of `decode_attention` and the compiled kernel (cpu_attention.py), at SmolLM2's heads
+matmuls of `decode_attention` and the compiled kernel (models/cpu/attention.py), at SmolLM2's heads
 (9 query, 3 KV, dim 64).
 
     python -m benchmarks.bench_attention            # a section of docs/benchmarks/kernels.md
@@ -21,7 +21,7 @@ from benchmarks.report import add_report_flags, machine_description, page, repro
 from benchmarks.timing import median_microseconds
 from loraserve.config import default_cache_dir
 from loraserve.models.attention import decode_attention
-from loraserve.models.cpu_attention import load_decode_kernel
+from loraserve.models.cpu.attention import load_decode_kernel
 from loraserve.models.dtypes import dtype_name
 
 SECTION = "decode-attention"

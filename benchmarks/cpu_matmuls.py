@@ -1,4 +1,4 @@
-"""The base-model matmuls of one decode step on the CPU kernel (linear_cpu.cpp), per weights mode and row count.
+"""The base-model matmuls of one decode step on the CPU kernel (linear.cpp), per weights mode and row count.
 
 The default model's four layer shapes (qkv, o, gate_up, down) times its 30 layers, random weights,
 x of `rows` rows: ms for the 120 matmuls, best and median of --repeats, the modes (and, with
@@ -7,7 +7,7 @@ bfloat16 matmul, which bfloat16 compute used before the kernel had AMX tiles) ta
 process, so that a VM's drift moves them alike, first and last in turn.
 
     python -m benchmarks.cpu_matmuls --rows 1 32 512
-    python -m benchmarks.cpu_matmuls --against /tmp/old_linear_cpu.cpp   # this source against another
+    python -m benchmarks.cpu_matmuls --against /tmp/old_linear.cpp   # this source against another
     python -m benchmarks.cpu_matmuls --activations bfloat16              # bfloat16 compute's rows
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from loraserve.config import default_cache_dir
-from loraserve.models.cpu_linear import SOURCE, LinearKernel, NarrowMatmul
+from loraserve.models.cpu.linear import SOURCE, LinearKernel, NarrowMatmul
+from loraserve.models.cpu.platform import OneDnnWeight, onednn_reorders_bfloat16
 from loraserve.models.dtypes import BFLOAT16_DOT
-from loraserve.models.linear import Linear, can_pack
 from sgmv_kernels.build import load_library
 
 HIDDEN, INTERMEDIATE, KV, LAYERS = 576, 1536, 192, 30
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--repeats", type=int, default=12)
-    parser.add_argument("--against", type=Path, help="another linear_cpu.cpp, timed in turn with this one")
+    parser.add_argument("--against", type=Path, help="another linear.cpp, timed in turn with this one")
     parser.add_argument("--activations", choices=["float32", "bfloat16"], default="float32", help="x's dtype")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> None:
             runs[f"{mode} ({label})" if args.against else mode] = [
                 NarrowMatmul(kernel, w, mode, dtype) for w in weights
             ]
-    if dtype == torch.bfloat16 and can_pack(dtype, "cpu"):  # oneDNN reorders bfloat16 with AVX-512
-        runs["oneDNN bfloat16"] = [onednn_linear(w) for w in weights]
+    if dtype == torch.bfloat16 and onednn_reorders_bfloat16():  # with AVX-512
+        runs["oneDNN bfloat16"] = [OneDnnWeight.of(w.to(torch.bfloat16)) for w in weights]
     print(f"the {len(SHAPES)} layer matmuls of a decode step, {args.activations} rows, ms "
           f"(best / median of {args.repeats}), {torch.get_num_threads()} threads")  # fmt: skip
     for rows in args.rows:
@@ -72,13 +72,6 @@ def main(argv: list[str] | None = None) -> None:
                 times[name].append((time.perf_counter() - start) * 1e3)
         cells = [f"{name} {min(t):.2f} / {statistics.median(t):.2f}" for name, t in times.items()]
         print(f"{rows} rows: " + ", ".join(cells), flush=True)
-
-
-def onednn_linear(weight: torch.Tensor) -> Linear:
-    linear = Linear(weight.shape[1], weight.shape[0], bias=False, dtype=torch.bfloat16, device="cpu")
-    linear.weight.data.copy_(weight)
-    linear.pack()
-    return linear
 
 
 if __name__ == "__main__":

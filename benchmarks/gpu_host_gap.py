@@ -23,8 +23,8 @@ from benchmarks.engines import engine_over
 from benchmarks.random_adapters import write_random_adapters
 from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
-from loraserve.engine.cuda_graphs import DecodeGraphs, GraphLora
 from loraserve.models import load_model
+from loraserve.models.cuda.graphs import DecodeGraphs, GraphLora
 
 BATCH, ADAPTERS, RANK, STEPS = 64, 32, 16, 64
 
@@ -73,8 +73,8 @@ def main() -> None:
         llm = LLM.from_engine(engine)
         for i, path in enumerate(paths):
             llm.add_adapter(f"adapter-{i}", path)
-        graphs = engine.model_runner.decode_graphs
-        assert graphs is not None, "no CUDA graphs captured"
+        graphs = engine.model_runner.fused_step
+        assert isinstance(graphs, DecodeGraphs), "no CUDA graphs captured"
         cases = [
             ("batch 1 base", prompts[:1], [None], 1, GraphLora.NONE),
             (f"batch {BATCH} base", prompts, [None] * BATCH, BATCH, GraphLora.NONE),

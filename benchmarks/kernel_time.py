@@ -7,16 +7,16 @@ import time
 from collections.abc import Callable
 
 from loraserve.engine import LLMEngine
-from loraserve.models.cpu_attention import DecodeAttentionKernel
-from loraserve.models.cpu_decode_step import CpuDecodeStep
-from loraserve.models.cpu_layer_ops import LayerOpsKernel
-from loraserve.models.cpu_linear import NarrowMatmul
+from loraserve.models.cpu.attention import DecodeAttentionKernel
+from loraserve.models.cpu.decode_step import CpuDecodeStep
+from loraserve.models.cpu.layer_ops import LayerOpsKernel
+from loraserve.models.cpu.linear import NarrowMatmul
 from sgmv_kernels.native import LoraKernel
 
 # What each row of a report names -> the methods that call into that kernel.
 KERNEL_CALLS: dict[str, list[tuple[type, str]]] = {
     # the whole decode step in one native call where the weights are ours (the kernels below then run inside it)
-    "native decode step (layers only, no lm_head)": [(CpuDecodeStep, "__call__")],
+    "native decode step (layers only, no lm_head)": [(CpuDecodeStep, "run")],
     "base-model matmuls with 16-bit or int8 weights, outside the native step (its lm_head)": [
         (NarrowMatmul, "__call__")
     ],

@@ -1,6 +1,6 @@
 """Which AVX-512 instructions share the multiply pipes with the dot products (needs AVX512-VNNI and -BF16).
 
-The int8 and bfloat16 matmul tiles (loraserve/models/linear_cpu.cpp) issue dot products back to
+The int8 and bfloat16 matmul tiles (loraserve/models/cpu/linear.cpp) issue dot products back to
 back; what else a tile does is free only where it runs on other pipes. This times 24 independent
 `vpdpwssd` a loop iteration alone, then with 4 other instructions beside them, and prints cycles an
 iteration (the clock read off a chain of dependent adds). Also the dot products' own throughputs.

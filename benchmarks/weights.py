@@ -40,7 +40,8 @@ from benchmarks.report import (
 from loraserve import LLM, SamplingParams
 from loraserve.config import ModelConfig
 from loraserve.models import LoadedModel
-from loraserve.models.cpu_linear import NarrowMatmul
+from loraserve.models.cpu.linear import NarrowMatmul
+from loraserve.models.cpu.platform import OneDnnWeight
 from loraserve.models.dtypes import dtype_name, resolve_dtype
 from loraserve.models.linear import Linear
 from loraserve.models.loader import load_model
@@ -71,8 +72,8 @@ def weight_bytes(loaded: LoadedModel) -> int:
     total = 0
     for module in loaded.model.modules():
         if isinstance(module, Linear):
-            narrow = module.narrow
-            total += narrow.nbytes if isinstance(narrow, NarrowMatmul) else module.weight.nbytes
+            held = module.held
+            total += held.nbytes if isinstance(held, NarrowMatmul | OneDnnWeight) else module.weight.nbytes
     return total
 
 

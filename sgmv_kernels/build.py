@@ -37,7 +37,7 @@ class KernelBuildError(RuntimeError):
 
 
 def entry_point(function: Any) -> int:  # a loaded ctypes function
-    """A loaded function's address, for native code that calls it (loraserve/models/cpu_decode_step.py)."""
+    """A loaded function's address, for native code that calls it (loraserve/models/cpu/decode_step.py)."""
     return ctypes.cast(function, ctypes.c_void_p).value or 0
 
 

@@ -1,4 +1,4 @@
-// Shared by the CPU kernels (sgmv_kernels/lora_cpu.cpp, loraserve/models/*_cpu.cpp): bfloat16
+// Shared by the CPU kernels (sgmv_kernels/lora_cpu.cpp, loraserve/models/cpu/*.cpp): bfloat16
 // and float32 loads and stores, one element or one vector at a time, a vector's lane sum, e^x
 // for x <= 0, prefetching, and each OpenMP thread's share of the work.
 // Each kernel is one translation unit: these live in an anonymous namespace, as its own code does.

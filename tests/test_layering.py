@@ -100,3 +100,42 @@ def test_peer_runners_import_only_the_standard_library_at_module_level():
                 assert root in sys.stdlib_module_names or root == "__future__" or name == "benchmarks.peers.job", (
                     f"{path.name} imports {name} at module level"
                 )
+
+
+# Where the device may be named: the platforms (models/platform.py chooses one) and the kernels.
+PLATFORMS = ("models/cpu/", "models/cuda/", "models/platform.py")
+OUTSIDE_THE_PLATFORMS = {  # each with the reason it reaches CUDA or a compiled kernel itself
+    "lora/backends.py": "the LoRA backend is the kernels' own seam, chosen once; Triton's side stream in a capture",
+    "lora/slots.py": "an adapter's weights are copied on a CUDA side stream",
+    "lora/memory_pool.py": "the pool is sized from the device's free memory",
+}
+
+
+def _device_reaches(path: Path) -> list[str]:
+    """The platform modules, compiled-kernel loaders and torch.cuda that `path` reaches."""
+    reaches = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if (node.value.id, node.attr) == ("torch", "cuda"):
+                reaches.append("torch.cuda")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [alias.name for alias in node.names]
+            if node.module.startswith(("loraserve.models.cpu", "loraserve.models.cuda", "sgmv_kernels.build")):
+                reaches.append(node.module)
+            elif node.module == "sgmv_kernels.native" and any(name.startswith("load_") for name in names):
+                reaches.append("sgmv_kernels.native's kernel loader")
+        elif isinstance(node, ast.Import):
+            reaches += [
+                a.name for a in node.names if a.name.startswith(("loraserve.models.cpu", "loraserve.models.cuda"))
+            ]
+    return reaches
+
+
+def test_only_the_platforms_and_the_kernels_reach_the_device():
+    seen = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(PLATFORMS) or relative in OUTSIDE_THE_PLATFORMS:
+            continue
+        seen += [f"{relative}: {reach}" for reach in _device_reaches(path)]
+    assert not seen, "device code outside the platforms (models/cpu, models/cuda): " + "; ".join(seen)

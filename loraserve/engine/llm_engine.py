@@ -17,7 +17,7 @@ from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.fair_share import UNKEYED, Tenant
 from loraserve.engine.grammar import CompiledGrammar, GrammarCompiler
 from loraserve.engine.mixes import Mixes
-from loraserve.engine.model_runner import GraphSettings, ModelRunner
+from loraserve.engine.model_runner import ModelRunner
 from loraserve.engine.outputs import STEP_FAILED, CompletionOutput, RequestError, RequestOutput, RequestTimings
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.scheduler import Scheduler
@@ -37,6 +37,7 @@ from loraserve.lora.mix_spec import MixSpec
 from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import largest_finite
+from loraserve.models.platform import GraphSettings
 
 logger = logging.getLogger(__name__)
 

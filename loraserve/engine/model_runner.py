@@ -1,4 +1,5 @@
-"""Runs one scheduled batch: builds the step's tensors once, runs the model, samples.
+"""Runs one scheduled batch: the platform's fused decode step where it serves the batch, else the
+model over the step's tensors, built once; then samples.
 
 Token layout of a step (T tokens): the decodes' single tokens first, then each prefill chunk's tokens in order.
 Example with block_size 4: a decode at position 9 of table [7, 2, 5] writes block 5 at offset 1; a chunk of
@@ -16,25 +17,17 @@ import torch
 from loraserve.config import CacheConfig, LoraConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy
-from loraserve.engine.cuda_graphs import DecodeGraphs, DecodeRows
 from loraserve.engine.faults import FaultInjector
 from loraserve.engine.sampler import Sampler
 from loraserve.engine.token_masks import TokenMasks
-from loraserve.lora.backends import CompiledCpuLora, choose_backend
+from loraserve.lora.backends import choose_backend
 from loraserve.lora.batch import LoraBatch
 from loraserve.lora.memory_pool import MemoryPool, pool_pages
-from loraserve.lora.residency import NO_ADAPTER
 from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
 from loraserve.models import LoadedModel
-from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
-from loraserve.models.cpu_attention import DecodeAttentionKernel, load_decode_kernel
-from loraserve.models.cpu_decode_step import CpuDecodeStep, plan_decode_step
-from loraserve.models.cpu_layer_ops import LayerOpsKernel, load_layer_ops
-from loraserve.models.cuda_attention import paged_decode_attention
-from loraserve.models.cuda_layer_ops import CudaLayerOps
-from loraserve.models.layer_ops import LayerOps
-from sgmv_kernels.native import RowChunks
+from loraserve.models.attention import AttentionGroup, AttentionMetadata
+from loraserve.models.platform import DecodeRows, GraphSettings, StepPlan
 
 
 @dataclass
@@ -46,14 +39,6 @@ class ModelInputs:
     attention: AttentionMetadata
     logits_index: torch.Tensor  # [S] int64 token whose hidden state gives sampling row i
     lora: LoraBatch | None  # None: no row uses an adapter this step
-
-
-@dataclass(frozen=True)
-class GraphSettings:
-    """What sizes the decode CUDA graphs: the largest batch and the longest sequence."""
-
-    max_num_seqs: int
-    max_model_len: int
 
 
 class ModelRunner:
@@ -77,38 +62,19 @@ class ModelRunner:
         self.token_masks = TokenMasks(spec.vocab_size, loaded.eos_token_ids)
         self.faults = FaultInjector()
         self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
-        on_cpu = self.device == "cpu"
         self.lora_backend = choose_backend(self.device, self.dtype, cache_dir / "kernels")
-        self.decode_kernel: DecodeAttention | None = paged_decode_attention
-        if on_cpu:
-            cpu_kernel = load_decode_kernel(cache_dir / "kernels")
-            self.decode_kernel = cpu_kernel if cpu_kernel and cpu_kernel.supports(self.dtype) else None
-        layer_ops: LayerOps | None = load_layer_ops(cache_dir / "kernels") if on_cpu else CudaLayerOps()
-        self.model.use_layer_ops(layer_ops if layer_ops and layer_ops.supports(self.dtype) else None)
-        self.decode_graphs: DecodeGraphs | None = None
-        if self.device == "cuda" and graphs is not None and self.decode_kernel is not None:
-            self.decode_graphs = self._capture_graphs(graphs)
-        self.native_decode: CpuDecodeStep | None = None  # decode steps in one native call (CPU)
-        if on_cpu:
-            self.native_decode = plan_decode_step(
-                self.model, self.pool.kv_caches,
-                layer_ops if isinstance(layer_ops, LayerOpsKernel) else None,
-                self.decode_kernel if isinstance(self.decode_kernel, DecodeAttentionKernel) else None,
-                self.lora_backend.kernel if isinstance(self.lora_backend, CompiledCpuLora) else None,
-                self.adapter_slots.projection_group, cache_dir / "kernels",
-            )  # fmt: skip
+        platform = loaded.platform
+        self.decode_kernel = platform.decode_attention(self.dtype)
+        self.model.use_layer_ops(platform.layer_ops(self.dtype))
+        plan = StepPlan(
+            self.model, self.pool.kv_caches, self.adapter_slots, self.block_size, self._take_scratch_block, graphs
+        )
+        self.fused_step = platform.fused_step(plan)  # decode steps in one call, where it serves them
 
-    def _capture_graphs(self, graphs: GraphSettings) -> DecodeGraphs:
-        scratch = self.pool.pages.take(1, PageUse.KV)  # where padding rows write; no sequence owns it
-        assert scratch is not None and self.decode_kernel is not None
-        decode_graphs = DecodeGraphs(
-            self.model, self.pool.kv_caches, self.adapter_slots, self.decode_kernel,
-            max_rows=graphs.max_num_seqs, max_blocks=-(-graphs.max_model_len // self.block_size),
-            scratch_block=scratch[0],
-        )  # fmt: skip
-        with torch.inference_mode():
-            decode_graphs.capture()
-        return decode_graphs
+    def _take_scratch_block(self) -> int:
+        scratch = self.pool.pages.take(1, PageUse.KV)  # no sequence owns it
+        assert scratch is not None
+        return scratch[0]
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
@@ -121,19 +87,13 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> StepOutput:
         """Forward and sample the batch; its block copies must be done (`copy_blocks`)."""
         masks = self.token_masks.start(batch.sampling_rows)  # computed while the forward pass runs
-        hidden, order = None, batch.decodes
+        hidden = None
         logits_index: torch.Tensor | None = None  # the rows of `hidden` to sample, in order; None: all of them
-        if self.decode_graphs is not None and not batch.prefills:
-            # Rows of one adapter side by side: the LoRA kernels' programs that read its weights
-            # then run together, and all but the first find them in L2.
-            order = sorted(batch.decodes, key=lambda item: item.seq.lora_slot)
-            hidden = self.decode_graphs.run(self.decode_rows(order))
-        elif self.native_decode is not None and batch.decodes and not batch.prefills:
-            hidden = self._run_native(self.decode_rows(order))
+        if self.fused_step is not None and batch.decodes and not batch.prefills:
+            hidden = self.fused_step.run(self.decode_rows(batch.decodes))
         if hidden is not None:
-            row_of = {id(item): row for row, item in enumerate(order)}
-            samplers = [row_of[id(item)] for item in batch.decodes for _ in item.samplers]
-            if samplers != list(range(hidden.shape[0])):  # most decode steps sample each row once, in order
+            samplers = [row for row, item in enumerate(batch.decodes) for _ in item.samplers]
+            if samplers != list(range(hidden.shape[0])):  # most decode steps sample each row once
                 logits_index = torch.tensor(samplers, dtype=torch.long, device=self.device)
         else:
             inputs = self.prepare_inputs(batch)
@@ -144,20 +104,8 @@ class ModelRunner:
         logits = self.model.lm_head(sampled_rows).float()  # [S, vocab] float32
         return self.sampler(logits, batch.sampling_rows, None if masks is None else masks.result())
 
-    def _run_native(self, rows: DecodeRows) -> torch.Tensor | None:
-        """A decode-only step in one native call; None where its LoRA needs more (DoRA)."""
-        assert self.native_decode is not None
-        adapted = [slot for slot in rows.lora_slots if slot != NO_ADAPTER]
-        if any(self.adapter_slots.has_dora[slot] for slot in adapted):
-            return None
-        lora = RowChunks.of_segments([1] * len(rows), rows.lora_slots) if adapted else None
-        return self.native_decode(
-            rows.input_ids, rows.positions, rows.slot_blocks, rows.slot_offsets, rows.block_tables,
-            rows.context_lens, lora,
-        )  # fmt: skip
-
     def decode_rows(self, decodes: list[ScheduledSequence]) -> DecodeRows:
-        """The decodes row by row: a CUDA graph's inputs, or the first rows of an eager step."""
+        """The decodes row by row: a fused step's inputs, or the first rows of the model's step."""
         bs = self.block_size
         rows = DecodeRows([], [], [], [], [], [], [])
         for item in decodes:

@@ -2,14 +2,14 @@
 
 The KV cache of one layer is two tensors `[num_blocks, block_size, num_kv_heads, head_dim]`. A token at position p
 of a sequence lives in block `block_table[p // block_size]` at offset `p % block_size`. Each step writes the new
-tokens' K and V into their slots, then every row attends over its whole context gathered block by block.
+tokens' K and V into their slots (layer_ops.py), then every row attends over its whole context.
 
 The rows of a step form at most two groups, each one padded batch: the decodes (one query token each) and the
 prefill chunks (many each), so a long prompt never pads a decode row to its length. Prefill chunks go through SDPA.
-Decodes go through a kernel reading K and V in the cache where they lie, Triton on CUDA (cuda_attention.py) and
-compiled on the CPU (cpu_attention.py); on a CPU without a compiler, in bfloat16, through two batched matmuls over
-the gathered blocks (`decode_attention`). On a 2-core AMD EPYC both CPU paths run several times faster than SDPA's
-bfloat16 kernel (benchmarks/bench_attention.py, docs/benchmarks.md).
+Decodes go through the platform's kernel reading K and V in the cache where they lie, Triton on CUDA
+(cuda/attention.py) and compiled on the CPU (cpu/attention.py); without one, in bfloat16, through two batched
+matmuls over the gathered blocks (`decode_attention`). On a 2-core AMD EPYC both CPU paths run several times
+faster than SDPA's bfloat16 kernel (benchmarks/bench_attention.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 class DecodeAttention(Protocol):
     """A kernel for one-token rows reading K and V in the paged cache where they lie: the CPU's
-    compiled one (cpu_attention.py) or the Triton one on CUDA (cuda_attention.py)."""
+    compiled one (cpu/attention.py) or the Triton one on CUDA (cuda/attention.py)."""
 
     def __call__(
         self,
@@ -57,19 +57,6 @@ class AttentionMetadata:
     slot_offsets: torch.Tensor  # [T] int64 and its position in that block
     groups: list[AttentionGroup]
     decode_kernel: DecodeAttention | None = None  # for one-token rows; None: the torch paths below
-
-
-def store_kv(
-    k: torch.Tensor,  # [T, Hkv, D]
-    v: torch.Tensor,  # [T, Hkv, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], blocks need not be adjacent
-    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    metadata: AttentionMetadata,
-) -> None:
-    """Write this step's K and V into their cache slots (before attending)."""
-    slots = (metadata.slot_blocks, metadata.slot_offsets)
-    k_cache.index_put_(slots, k)
-    v_cache.index_put_(slots, v)
 
 
 def paged_attention(

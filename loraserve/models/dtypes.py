@@ -1,5 +1,5 @@
 """Pick the compute dtype and how the weights are held (as the compute dtype, or narrower on the CPU:
-cpu_linear.py). `auto`: bfloat16 on CUDA and on CPUs with AMX tiles; on other CPUs float32 activations
+cpu/linear.py). `auto`: bfloat16 on CUDA and on CPUs with AMX tiles; on other CPUs float32 activations
 with bfloat16 weights, multiplied by bfloat16 dot products where the CPU has them (AVX512-BF16).
 
 Why not bfloat16 compute on AVX512-BF16 CPUs: measured on a Zen 5 with the shipped text
@@ -81,7 +81,7 @@ def resolve_weights(name: str, dtype_setting: str, dtype: torch.dtype, device: s
         raise ConfigError("--weights", f"weights narrower than the compute dtype are for the CPU; use {compute}")
     if name == "float32" or (name == "bfloat16" and dtype != torch.float32):
         raise ConfigError("--weights", f"{name} weights with {compute} compute: the weights may not be wider")
-    if dtype not in (torch.float32, torch.bfloat16):  # the kernel's rows (cpu_linear.py)
+    if dtype not in (torch.float32, torch.bfloat16):  # the kernel's rows (cpu/linear.py)
         raise ConfigError("--weights", f"{name} weights need float32 or bfloat16 compute, not {compute}")
     if name == BFLOAT16_DOT and dtype == torch.bfloat16:
         return "bfloat16"  # bfloat16 rows: the kernel's products for bfloat16 weights, whatever the CPU

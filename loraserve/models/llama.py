@@ -6,7 +6,6 @@ sequences, through `AttentionMetadata`. q/k/v and gate/up are fused into one mat
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -16,12 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from loraserve.models.attention import AttentionMetadata, paged_attention, store_kv
+from loraserve.models.attention import AttentionMetadata, paged_attention
 from loraserve.models.layer_ops import LayerOps
-from loraserve.models.linear import Linear, can_pack, empty_param
-from loraserve.models.rope import RotaryEmbedding, apply_rotary
+from loraserve.models.linear import HeldWeight, Linear, empty_param
+from loraserve.models.rope import RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D] each
+TORCH_OPS = LayerOps()  # where the platform has no fused ops for the dtype
 
 
 class LoraDelta(Protocol):
@@ -92,19 +92,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = empty_param(size, dtype=dtype, device=device)
         self.eps = eps
-        self.layer_ops: LayerOps | None = None  # fused ops, set by use_layer_ops
+        self.layer_ops = TORCH_OPS  # the platform's, set by use_layer_ops
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual); without a residual (norm(x), x)."""
-        if self.layer_ops is not None:
-            return self.layer_ops.add_rms_norm(x, residual, self.weight, self.eps)
-        if residual is not None:
-            x = x + residual
-        # As transformers computes it: normalize in float32, scale in the model dtype. F.rms_norm
-        # on the float32 copy gives bit for bit transformers' x * rsqrt(mean(x^2) + eps) in one op
-        # instead of five (on bfloat16 itself it would normalize in bfloat16: other answers).
-        normalized = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
-        return self.weight * normalized.to(x.dtype), x
+        """(norm(x + residual), x + residual), the sum written into `residual`; without one (norm(x), x)."""
+        return self.layer_ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -117,7 +109,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.qkv_bias, dtype, device)
         self.o_proj = Linear(self.q_size, spec.hidden_size, False, dtype, device)
         self.scale = spec.head_dim**-0.5
-        self.layer_ops: LayerOps | None = None
+        self.layer_ops = TORCH_OPS
 
     def forward(
         self,
@@ -131,16 +123,9 @@ class LlamaAttention(nn.Module):
         num_tokens = x.shape[0]
         qkv = project(self.qkv_proj, x, lora, self.layer_index, ("q_proj", "k_proj", "v_proj"))  # [T, (Hq + 2 Hkv) * D]
         k_cache, v_cache = kv_cache
-        if self.layer_ops is not None:
-            slots = (metadata.slot_blocks, metadata.slot_offsets)
-            self.layer_ops.rotary_store_kv(qkv, cos, sin, self.num_heads, k_cache, v_cache, *slots)
-            q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
-        else:
-            # Rotate the query and key heads in one go: [T, Hq + Hkv, D].
-            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-            store_kv(k, v, k_cache, v_cache, metadata)
+        slots = (metadata.slot_blocks, metadata.slot_offsets)
+        self.layer_ops.rotary_store_kv(qkv, cos, sin, self.num_heads, k_cache, v_cache, *slots)
+        q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)  # rotated in place
         attended = paged_attention(q, k_cache, v_cache, metadata, self.scale)
         attended = attended.reshape(num_tokens, self.q_size)
         return project(self.o_proj, attended, lora, self.layer_index, ("o_proj",))
@@ -153,15 +138,11 @@ class LlamaMLP(nn.Module):
         self.intermediate_size = spec.intermediate_size
         self.gate_up_proj = Linear(spec.hidden_size, 2 * spec.intermediate_size, False, dtype, device)
         self.down_proj = Linear(spec.intermediate_size, spec.hidden_size, False, dtype, device)
-        self.layer_ops: LayerOps | None = None
+        self.layer_ops = TORCH_OPS
 
     def forward(self, x: torch.Tensor, lora: LoraDelta | None) -> torch.Tensor:
         gate_up = project(self.gate_up_proj, x, lora, self.layer_index, ("gate_proj", "up_proj"))  # [T, 2I]
-        if self.layer_ops is not None:
-            hidden = self.layer_ops.silu_mul(gate_up)
-        else:
-            gate, up = gate_up.split(self.intermediate_size, dim=-1)
-            hidden = F.silu(gate) * up
+        hidden = self.layer_ops.silu_mul(gate_up)  # [T, I]
         return project(self.down_proj, hidden, lora, self.layer_index, ("down_proj",))
 
 
@@ -221,30 +202,18 @@ class LlamaForCausalLM(nn.Module):
         return cast(list[LlamaDecoderLayer], list(self.layers))
 
     def use_layer_ops(self, layer_ops: LayerOps | None) -> None:
-        """Run norms, rotary + K/V writes and SiLU through fused ops; None: torch ops."""
+        """Run norms, rotary + K/V writes and SiLU through the platform's ops; None: torch's."""
         for module in self.modules():
             if isinstance(module, RMSNorm | LlamaAttention | LlamaMLP):
-                module.layer_ops = layer_ops
+                module.layer_ops = layer_ops or TORCH_OPS
 
-    def pack_weights(self) -> None:
-        """After loading: pack every matmul weight for the device when that is faster (see linear.py)."""
-        if not can_pack(self.dtype, str(self.embed_tokens.device)):
-            return
-        if self.lm_head.weight is self.embed_tokens:
-            self.lm_head.weight = nn.Parameter(self.embed_tokens.detach().clone(), requires_grad=False)
-        for module in self.modules():
-            if isinstance(module, Linear) and module.narrow is None:
-                module.pack()
-
-    def hold_narrow_weights(
-        self, narrow: Callable[[str, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
-    ) -> None:
-        """After loading: every matmul weight held as `narrow(module name, weight)` (cpu_linear.NarrowMatmul),
-        and the embedding table, which is only looked up a row at a time, in bfloat16."""
+    def hold_weights(self, held: Callable[[str, torch.Tensor], HeldWeight], embedding_dtype: torch.dtype) -> None:
+        """After loading: every matmul weight held only as `held(module name, weight)`, the platform's
+        form (cpu/platform.py), and the embedding table, only looked up a row at a time, in `embedding_dtype`."""
         for name, module in self.named_modules():
             if isinstance(module, Linear):
-                module.hold_narrow(functools.partial(narrow, name))
-        self.embed_tokens = nn.Parameter(self.embed_tokens.data.to(torch.bfloat16), requires_grad=False)
+                module.hold(held(name, module.weight.data))
+        self.embed_tokens = nn.Parameter(self.embed_tokens.data.to(embedding_dtype), requires_grad=False)
 
     def projection(self, layer: int, projection: str) -> tuple[Linear, slice]:
         """The matmul computing a LoRA target projection ("q_proj", ...) of a layer, and its output columns."""

@@ -14,12 +14,10 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from loraserve.config import ModelConfig
 from loraserve.errors import ModelLoadError
-from loraserve.models.cpu_linear import NarrowMatmul, PackedInt8, load_linear_kernel
 from loraserve.models.default_model import MODEL_NAME, default_model_dir
-from loraserve.models.dtypes import BFLOAT16_DOT, cpu_has_amx, dtype_name, resolve_dtype, resolve_weights
-from loraserve.models.linear import Linear
+from loraserve.models.dtypes import dtype_name, resolve_dtype, resolve_weights
 from loraserve.models.llama import LlamaForCausalLM, LlamaSpec
-from loraserve.models.packed_weights_cache import PackedWeightsCache
+from loraserve.models.platform import Platform, choose_platform
 from loraserve.models.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -41,6 +39,7 @@ class LoadedModel:
     dtype: torch.dtype  # of the activations and the sums
     device: str
     weights: str  # how the matmul weights are held: the dtype's name, or 'bfloat16' / 'int8' narrower
+    platform: Platform  # answers the device's questions (platform.py), chosen here once
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
@@ -51,6 +50,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         model_dir = Path(config.model)
         name = model_dir.resolve().name
     hf_config = _read_hf_config(model_dir)
+    platform = choose_platform(config.device, config.cache_dir / "kernels")
     dtype = resolve_dtype(config.dtype, config.device)
     weights = resolve_weights(config.weights, config.dtype, dtype, config.device)
     spec = LlamaSpec.from_hf_config(hf_config)
@@ -60,9 +60,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         _random_weights(model)
     else:
         _load_weights(model, model_dir)
-    if weights != dtype_name(dtype) or (config.device == "cpu" and dtype == torch.bfloat16):
-        weights = _hold_narrow(model, weights, config, model_dir, name)
-    model.pack_weights()
+    weights = platform.hold_weights(model, weights, config, model_dir, name)
     logger.info("%s: %s compute, %s weights", name, dtype_name(dtype), weights)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return LoadedModel(
@@ -74,50 +72,8 @@ def load_model(config: ModelConfig) -> LoadedModel:
         dtype=dtype,
         device=config.device,
         weights=weights,
+        platform=platform,
     )
-
-
-def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str) -> str:
-    """Hold the matmul weights as `weights` through the CPU kernel; returns how they are held. Without
-    the kernel (no compiler): an error when asked for by name, else (auto) the compute dtype's. int8
-    panels come from the cache beside the model when it has them (packed_weights_cache.py).
-
-    bfloat16 weights with bfloat16 compute go through the kernel where it has bfloat16 dot products
-    (AVX512-BF16) and, on a CPU with AMX, its tiles; else oneDNN packs them (`pack_weights`). Measured,
-    a decode step's matmuls: on a Zen 4 (AVX512-BF16, no AMX) one row 2x faster than oneDNN's, 32 rows
-    as fast; on a Xeon with AMX one row 1.7x faster, 32 rows 1.4x (benchmarks/cpu_matmuls.py)."""
-    kernel = load_linear_kernel(config.cache_dir / "kernels")
-    dot_products = kernel is not None and kernel.bfloat16_dot_products
-    kernel_has_the_cpus_best = dot_products and (not cpu_has_amx() or bool(kernel and kernel.tile_rows_from))
-    if weights == dtype_name(model.dtype) and not kernel_has_the_cpus_best:
-        return weights  # oneDNN packs them
-    if kernel is None:
-        if config.weights == weights:
-            raise ModelLoadError(f"--weights {weights} needs the CPU matmul kernel, which could not be built")
-        return dtype_name(model.dtype)
-    if weights == BFLOAT16_DOT and not dot_products:  # a compiler without AVX512-BF16's intrinsics
-        if config.weights == weights:
-            raise ModelLoadError(f"--weights {weights} needs AVX512-BF16 in the CPU matmul kernel's build")
-        weights = "bfloat16"
-    linears = {module_name: module for module_name, module in model.named_modules() if isinstance(module, Linear)}
-    cache, cached = None, None
-    if weights == "int8" and not config.random_weights:
-        cache = PackedWeightsCache(config.cache_dir / "weights", model_dir, name, kernel)
-        shapes = {
-            module_name: (linear.weight.shape[0], linear.weight.shape[1]) for module_name, linear in linears.items()
-        }
-        cached = cache.load(shapes)
-    model.hold_narrow_weights(
-        lambda module_name, weight: NarrowMatmul(kernel, weight, weights, model.dtype, (cached or {}).get(module_name))
-    )
-    if cache is not None and cached is None:
-        cache.store({module_name: _int8_panels(linear) for module_name, linear in linears.items()})
-    return weights
-
-
-def _int8_panels(linear: Linear) -> PackedInt8:
-    assert isinstance(linear.narrow, NarrowMatmul) and linear.narrow.int8 is not None
-    return linear.narrow.int8
 
 
 def _read_hf_config(model_dir: Path) -> PretrainedConfig:

@@ -88,7 +88,7 @@ def test_decode_graph_replay_equals_the_eager_step_token_for_token(cuda_llm, cud
     from benchmarks.random_adapters import write_random_adapters
 
     eager = LLM(str(cuda_model_dir), device="cuda", dtype="float32", max_loras=4, max_lora_rank=16, enforce_eager=True)
-    assert cuda_llm.engine.model_runner.decode_graphs is not None and eager.engine.model_runner.decode_graphs is None
+    assert cuda_llm.engine.model_runner.fused_step is not None and eager.engine.model_runner.fused_step is None
     paths = write_random_adapters(cuda_llm.engine.loaded.model.spec, 3, tmp_path, seed=7)
     for llm in (cuda_llm, eager):
         for i, path in enumerate(paths):

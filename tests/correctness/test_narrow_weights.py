@@ -12,7 +12,7 @@ import torch
 
 from loraserve import LLM, SamplingParams
 from loraserve.errors import ConfigError
-from loraserve.models.cpu_linear import NarrowMatmul
+from loraserve.models.cpu.linear import NarrowMatmul
 from loraserve.models.dtypes import cpu_has_bf16_dot_products, resolve_weights
 from sgmv_kernels.build import MARCH_VARIABLE
 from tests.conftest import CHAT_PROMPTS, memoized_greedy
@@ -39,7 +39,7 @@ def test_bfloat16_weights_give_transformers_tokens_on_the_rounded_weights(march,
     monkeypatch.setenv(MARCH_VARIABLE, march)
     llm = LLM(dtype="float32", weights="bfloat16", num_pages=256)
     assert llm.engine.loaded.weights == "bfloat16"
-    narrow = llm.engine.loaded.model.lm_head.narrow
+    narrow = llm.engine.loaded.model.lm_head.held
     assert isinstance(narrow, NarrowMatmul) and (march == "native" or narrow.kernel.int8_path == "avx2")
     prompts = [llm.chat_prompt_ids(conv) for conv in CHAT_PROMPTS]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)

@@ -1,4 +1,4 @@
-"""A decode step in one native call (models/cpu_decode_step.py) gives the layer-by-layer step's
+"""A decode step in one native call (models/cpu/decode_step.py) gives the layer-by-layer step's
 results bit for bit: the same tokens and the same log-probs, over a batch mixing adapters and
 the base model, for every weights mode it serves (bfloat16 compute and weights where the kernel
 has bfloat16 dot products), in the build for this CPU and the AVX2 one; with q/k/v biases; and a
@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from loraserve import LLM, SamplingParams
+from loraserve.models.cpu.decode_step import CpuDecodeStep
 from loraserve.models.dtypes import cpu_has_bf16_dot_products
 from loraserve.resources import SAMPLE_ADAPTERS
 from sgmv_kernels.build import MARCH_VARIABLE
@@ -31,26 +32,27 @@ class CountingStep:
     def __init__(self, step) -> None:
         self.step, self.served, self.slots = step, 0, set()
 
-    def __call__(self, *rows):
-        self.served += 1
-        lora = rows[-1]
-        self.slots |= set() if lora is None else set(lora.chunks[:, 2].tolist())
-        return self.step(*rows)
+    def run(self, rows):
+        hidden = self.step.run(rows)
+        if hidden is not None:
+            self.served += 1
+            self.slots |= {slot for slot in rows.lora_slots if slot >= 0}
+        return hidden
 
 
 def both_ways(llm: LLM, prompts, adapters) -> tuple[list, list, CountingStep]:
     """(outputs with the native step, outputs layer by layer, what the native call served)."""
     runner = llm.engine.model_runner
-    assert runner.native_decode is not None, "this mode's decode steps should be one native call"
-    step = runner.native_decode
+    step = runner.fused_step
+    assert isinstance(step, CpuDecodeStep), "this mode's decode steps should be one native call"
     # Adapters loaded first: a cold one's rows wait while the others decode, so a first run batches
     # differently, and AMX tiles (8 rows and more) sum in another order than a small batch's vectors.
     llm.generate(prompts, PARAMS, adapters=adapters, use_tqdm=False)
-    counting = runner.native_decode = CountingStep(step)
+    counting = runner.fused_step = CountingStep(step)
     native = llm.generate(prompts, PARAMS, adapters=adapters, use_tqdm=False)
-    runner.native_decode = None
+    runner.fused_step = None
     layered = llm.generate(prompts, PARAMS, adapters=adapters, use_tqdm=False)
-    runner.native_decode = step
+    runner.fused_step = step
     return native, layered, counting
 
 

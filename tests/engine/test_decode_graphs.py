@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from loraserve import SamplingParams
-from loraserve.engine.cuda_graphs import DecodeGraphs, batch_buckets
 from loraserve.memory.page_allocator import PageUse
-from loraserve.models.cuda_attention import paged_decode_attention
+from loraserve.models.cuda.attention import paged_decode_attention
+from loraserve.models.cuda.graphs import DecodeGraphs, batch_buckets
 from loraserve.resources import SAMPLE_ADAPTERS
 from tests.conftest import CHAT_PROMPTS
 
@@ -32,7 +32,7 @@ def test_decode_steps_over_static_buffers_give_the_eager_engines_tokens(make_llm
     runner = static.engine.model_runner
     scratch = runner.pool.pages.take(1, PageUse.KV)
     assert scratch is not None
-    runner.decode_graphs = DecodeGraphs(
+    runner.fused_step = DecodeGraphs(
         runner.model, runner.pool.kv_caches, runner.adapter_slots, paged_decode_attention,
         max_rows=8, max_blocks=64, scratch_block=scratch[0],
     )  # fmt: skip

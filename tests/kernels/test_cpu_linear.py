@@ -1,4 +1,4 @@
-"""The CPU matmuls with narrow weights (linear_cpu.cpp) against float64 torch references, for every
+"""The CPU matmuls with narrow weights (linear.cpp) against float64 torch references, for every
 decode row count 1..64 and odd shapes, in the build for this CPU and the AVX2 + FMA build
 (LORASERVE_CPU_MARCH=x86-64-v3), which an AVX-512 machine runs too, the scalar paths (x86-64), and
 on a CPU with AMX the AVX-512 build without it (cooperlake), whose vector tiles take every row count
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loraserve.models.cpu_linear import (
+from loraserve.models.cpu.linear import (
     BLOCK,
     Int8Weights,
     LinearKernel,

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loraserve.models.cuda_layer_ops import CudaLayerOps
+from loraserve.models.cuda.layer_ops import CudaLayerOps
 from loraserve.models.llama import RMSNorm
 from loraserve.models.rope import apply_rotary
 

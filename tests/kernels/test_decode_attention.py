@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraserve.models.cuda_attention import paged_decode_attention
+from loraserve.models.cuda.attention import paged_decode_attention
 
 DEVICES = [
     "cpu",

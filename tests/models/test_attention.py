@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from loraserve.models.attention import decode_attention
-from loraserve.models.cpu_attention import DecodeAttentionKernel, load_decode_kernel
+from loraserve.models.cpu.attention import DecodeAttentionKernel, load_decode_kernel
 
 
 @pytest.fixture(scope="module")

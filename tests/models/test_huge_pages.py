@@ -24,7 +24,7 @@ from loraserve.models.loader import load_model
 from tests.models.test_huge_pages import resident_and_huge_kilobytes
 
 loaded = load_model(ModelConfig(dtype="float32", weights="bfloat16"))
-print(resident_and_huge_kilobytes(loaded.model.lm_head.narrow.bfloat16.packed.data_ptr())[1])
+print(resident_and_huge_kilobytes(loaded.model.lm_head.held.bfloat16.packed.data_ptr())[1])
 """
 
 

@@ -5,8 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from loraserve import SamplingParams
-from loraserve.models.attention import AttentionMetadata, store_kv
-from loraserve.models.cpu_layer_ops import LayerOpsKernel, load_layer_ops
+from loraserve.models.cpu.layer_ops import LayerOpsKernel, load_layer_ops
 from loraserve.models.llama import RMSNorm
 from loraserve.models.rope import apply_rotary
 from tests.conftest import CHAT_PROMPTS
@@ -67,12 +66,13 @@ def test_rotary_store_kv_equals_apply_rotary_then_store_bit_for_bit(ops, num_hea
     cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
     pool = torch.zeros(num_blocks, 2, layers, block_size, num_kv_heads, head_dim, dtype=dtype)  # page-major
     slots = torch.randperm(num_blocks * block_size, generator=torch.Generator().manual_seed(7))[:tokens]
-    metadata = AttentionMetadata(slot_blocks=slots // block_size, slot_offsets=slots % block_size, groups=[])
 
     heads = qkv.reshape(tokens, -1, head_dim)
     rotated = apply_rotary(heads[:, : num_heads + num_kv_heads], cos, sin)
     expected_pool = pool.clone()
-    store_kv(rotated[:, num_heads:], heads[:, num_heads + num_kv_heads :], *expected_pool[:, :, 1].unbind(1), metadata)
+    expected_k, expected_v = expected_pool[:, :, 1].unbind(1)
+    expected_k.index_put_((slots // block_size, slots % block_size), rotated[:, num_heads:])
+    expected_v.index_put_((slots // block_size, slots % block_size), heads[:, num_heads + num_kv_heads :])
 
     ops.rotary_store_kv(qkv, cos, sin, num_heads, pool[:, 0, 1], pool[:, 1, 1], slots // block_size, slots % block_size)
 
@@ -100,7 +100,7 @@ def test_the_engine_gives_the_same_answers_with_and_without_the_ops(llm):
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=1)
     model = llm.engine.model_runner.model
     layer_ops = model.layers[0].mlp.layer_ops
-    assert layer_ops is not None, "the engine runs the compiled ops on the CPU"
+    assert isinstance(layer_ops, LayerOpsKernel), "the engine runs the compiled ops on the CPU"
     with_ops = llm.generate(prompts, params, use_tqdm=False)
     try:
         model.use_layer_ops(None)

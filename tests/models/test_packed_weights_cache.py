@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from loraserve.config import ModelConfig
-from loraserve.models import cpu_linear, load_model
+from loraserve.models import load_model
+from loraserve.models.cpu import linear as cpu_linear
 from loraserve.models.linear import Linear
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -43,7 +44,7 @@ def int8_panels(checkpoint: Path, cache_dir: Path) -> dict[str, torch.Tensor]:
     panels = {}
     for name, module in loaded.model.named_modules():
         if isinstance(module, Linear):
-            panels[name] = module.narrow.int8.values  # type: ignore[union-attr]
+            panels[name] = module.held.int8.values  # type: ignore[union-attr]
     return panels
 
 

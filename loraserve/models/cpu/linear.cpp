@@ -27,7 +27,7 @@
 //
 // On a CPU with AMX, batches run in its tiles instead (tdpbf16ps: 16 rows by 32 k by 16 outputs an
 // instruction), whose weight tiles are 16 pairs of the bfloat16 dot products' panels as they lie;
-// int8 blocks are widened to such tiles a block ahead of the products. Built by cpu_linear.py with
+// int8 blocks are widened to such tiles a block ahead of the products. Built by linear.py with
 // the host compiler, no torch headers.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-"""The compiled decode attention for the CPU (paged_attention_cpu.cpp): one query token per row,
+"""The compiled decode attention for the CPU (paged_attention.cpp): one query token per row,
 K and V read in the paged cache where they lie instead of gathered first.
 
 Built on first use for this machine (sgmv_kernels/build.py); without a compiler
@@ -14,7 +14,7 @@ import torch
 
 from sgmv_kernels.build import entry_point, load_library
 
-SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
 _FUNCTIONS = {torch.float32: "paged_decode_attention_float32", torch.bfloat16: "paged_decode_attention_bfloat16"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P, ctypes.c_int]

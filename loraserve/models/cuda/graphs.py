@@ -1,11 +1,13 @@
-"""Decode steps replayed as CUDA graphs, so the GPU does not wait on Python's ~400 launches a step.
+"""Decode steps replayed as CUDA graphs, so the GPU does not wait on Python's ~400 launches a step:
+the CUDA platform's fused step.
 
 A decode-only step of B rows runs the graph captured for the smallest bucket >= B (1, 2, 4, then multiples of 8 up
 to --max-num-seqs), its rows padded. Every tensor a step reads lives in static device buffers sized for the largest
 bucket and updated in place before each replay: token ids, positions, the KV slots written, block tables, context
-lengths and the rows' adapter segments (rows come sorted by adapter, a run of one adapter is one segment, so the
-LoRA kernels read each adapter once). The adapters' own tables (row offsets, ranks, scales in lora/slots.py) are
-static too, written in place by a load, so adapters come and go without a new capture. Padding rows have context 0
+lengths and the rows' adapter segments (rows are sorted by adapter, a run of one adapter is one segment, so the
+LoRA kernels read each adapter once; the output comes back in the step's order). The adapters' own tables (row
+offsets, ranks, scales in lora/slots.py) are static too, written in place by a load, so adapters come and go
+without a new capture. Padding rows have context 0
 (the attention kernel gives zeros), no adapter, and write their K and V to a scratch block no sequence owns.
 
 Each bucket is captured with LoRA (a program row per possible segment; unused ones are empty, slot -1, and return
@@ -22,7 +24,6 @@ from __future__ import annotations
 import enum
 import logging
 from bisect import bisect_left
-from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +33,7 @@ from loraserve.lora.dora_rows import PooledDoraRows
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
 from loraserve.models.llama import KVCache, LlamaForCausalLM
+from loraserve.models.platform import DecodeRows
 from sgmv_kernels.expand import DECODE_SEGMENT_ROWS
 
 logger = logging.getLogger(__name__)
@@ -48,22 +50,6 @@ def batch_buckets(max_rows: int) -> list[int]:
     while buckets[-1] < max_rows:
         buckets.append(8 * (len(buckets) - 2))
     return buckets[: bisect_left(buckets, max_rows) + 1]
-
-
-@dataclass
-class DecodeRows:
-    """A decode-only step, row by row, as the model runner lays it out (host side)."""
-
-    input_ids: list[int]
-    positions: list[int]
-    slot_blocks: list[int]  # the block each row writes its K and V to
-    slot_offsets: list[int]
-    block_tables: list[list[int]]
-    context_lens: list[int]
-    lora_slots: list[int]  # NO_ADAPTER: the base model
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
 
 
 class StaticDecodeInputs:
@@ -160,21 +146,30 @@ class DecodeGraphs:
         )  # fmt: skip
 
     def run(self, rows: DecodeRows) -> torch.Tensor | None:
-        """The step's hidden states [len(rows), hidden] (valid until the next replay), or None when
-        the step does not fit a captured graph."""
+        """The step's hidden states [len(rows), hidden] in the rows' order, or None when the step does
+        not fit a captured graph."""
         index = bisect_left(self.buckets, len(rows))
         max_blocks = self.inputs.block_tables.shape[1]
         if index == len(self.buckets) or any(len(table) > max_blocks for table in rows.block_tables):
             return None
         bucket = self.buckets[index]
         lora = GraphLora.of(rows.lora_slots, self.adapter_slots.has_dora)
-        self.inputs.fill(rows, bucket)
+        # Rows of one adapter side by side: the LoRA kernels' programs that read its weights then
+        # run together, and all but the first find them in L2.
+        order = sorted(range(len(rows)), key=rows.lora_slots.__getitem__)
+        self.inputs.fill(rows.reordered(order), bucket)
         captured = self._graphs.get((bucket, lora))
         if captured is None:  # not captured (no CUDA): the same step over the same buffers, eagerly
-            return self.forward(bucket, lora)[: len(rows)]
-        graph, output = captured
-        graph.replay()
-        return output[: len(rows)]
+            output = self.forward(bucket, lora)
+        else:
+            graph, output = captured
+            graph.replay()
+        if order == list(range(len(rows))):
+            return output[: len(rows)]  # valid until the next replay
+        place = [0] * len(order)  # the output row of each of the step's rows
+        for output_row, row in enumerate(order):
+            place[row] = output_row
+        return output.index_select(0, torch.tensor(place, device=output.device))
 
     def forward(self, bucket: int, kind: GraphLora) -> torch.Tensor:
         """The decode step over the static buffers' first `bucket` rows: what is captured."""

@@ -24,12 +24,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from loraserve.file_digest import sha256_of_files
-from loraserve.models.cpu_linear import LinearKernel, PackedInt8
+from loraserve.models.cpu.linear import LinearKernel, PackedInt8
 
 logger = logging.getLogger(__name__)
 
 DIGESTS = "digests.json"  # file path -> [size, mtime_ns, inode, sha256]
-PARTS = ("values", "scales", "mins")  # the tensors of each matmul's panels (cpu_linear.PackedInt8)
+PARTS = ("values", "scales", "mins")  # the tensors of each matmul's panels (linear.PackedInt8)
 
 
 def content_digest(files: list[Path], remembered: Path) -> str:

@@ -1,12 +1,13 @@
-"""A decode step on the CPU in one native call (decode_step_cpu.cpp).
+"""A decode step on the CPU in one native call (decode_step.cpp).
 
 At batch 1 a decode step of the default model reads ~143 MB of int8 weights: about 3.5 ms on a
 Zen 5 core pair. Run layer by layer from Python, its ~270 kernel calls and the glue between them
 cost about as much again. Planned here once (weights, KV caches, adapter tables, kernels), the
-step runs every layer in C++ and Python only hands it the rows: what CUDA graphs are to the GPU.
+step runs every layer in C++ and Python only hands it the rows: the CPU platform's fused step,
+what CUDA graphs are to the GPU.
 
 It serves decode-only steps whose every matmul is our own kernel's (`--weights bfloat16` or
-`int8`, cpu_linear.py) and whose adapters the compiled LoRA kernel applies (no DoRA); any other
+`int8`, linear.py) and whose adapters the compiled LoRA kernel applies (no DoRA); any other
 step runs layer by layer, as before, with the same kernels in the same order: the same bits.
 
 Built on first use for this machine (sgmv_kernels/build.py); `plan_decode_step` returns None
@@ -17,21 +18,21 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from loraserve.models.cpu_attention import DecodeAttentionKernel
-from loraserve.models.cpu_layer_ops import LayerOpsKernel
-from loraserve.models.cpu_linear import NarrowMatmul
+from loraserve.models.cpu.attention import load_decode_kernel
+from loraserve.models.cpu.layer_ops import load_layer_ops
+from loraserve.models.cpu.linear import NarrowMatmul
 from loraserve.models.linear import Linear
-from loraserve.models.llama import KVCache, LlamaForCausalLM
+from loraserve.models.llama import LlamaForCausalLM
+from loraserve.models.platform import DecodeRows, StepPlan
 from sgmv_kernels.build import load_library
-from sgmv_kernels.native import LoraKernel, ProjectionGroup, RowChunks
+from sgmv_kernels.native import ProjectionGroup, RowChunks, load_kernel
 
-SOURCE = Path(__file__).with_name("decode_step_cpu.cpp")
+SOURCE = Path(__file__).with_name("decode_step.cpp")
 _SUFFIXES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
@@ -109,33 +110,33 @@ class _Step(ctypes.Structure):
 class CpuDecodeStep:
     """The model's decode steps as one native call each; plan once with `plan_decode_step`."""
 
-    def __init__(self, library: ctypes.CDLL, model: LlamaForCausalLM, plan: _Model, keep: list[object]) -> None:
+    def __init__(
+        self, library: ctypes.CDLL, model: LlamaForCausalLM, plan: _Model, keep: list[object], has_dora: list[bool]
+    ) -> None:
         self._model, self._plan, self._keep = model, plan, keep  # keep: what the plan points into
+        self._has_dora = has_dora  # AdapterSlots.has_dora, by slot
         self._run = getattr(library, f"decode_step_{_SUFFIXES[model.dtype]}")
         self._run.restype, self._run.argtypes = None, [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
         self._workspace = library.decode_step_workspace
         self._workspace.restype, self._workspace.argtypes = _I, [ctypes.POINTER(_Model), _I]
         self._scratch = torch.empty(0, dtype=model.dtype)  # the step's workspace
 
-    def __call__(
-        self,
-        input_ids: list[int],
-        positions: list[int],
-        slot_blocks: list[int],
-        slot_offsets: list[int],
-        block_tables: list[list[int]],
-        context_lens: list[int],
-        lora: RowChunks | None,  # None: no row uses an adapter
-    ) -> torch.Tensor:  # [rows, hidden] after the final norm, as the model's forward returns it
-        model, rows = self._model, len(input_ids)
-        _check_rows(input_ids, model.embed_tokens.shape[0], "token id", "vocabulary")  # read unchecked natively
-        _check_rows(positions, model.rope.cos.shape[0], "position", "rotary table")
-        max_blocks = max(len(table) for table in block_tables)
+    def run(self, decodes: DecodeRows) -> torch.Tensor | None:
+        """[rows, hidden] after the final norm, as the model's forward returns it; None where the
+        step's LoRA needs more than the compiled kernel (DoRA)."""
+        adapted = [slot for slot in decodes.lora_slots if slot >= 0]  # as RowChunks reads them: -1 is no adapter
+        if any(self._has_dora[slot] for slot in adapted):
+            return None
+        lora = RowChunks.of_segments([1] * len(decodes), decodes.lora_slots) if adapted else None
+        model, rows, tables = self._model, len(decodes), decodes.block_tables
+        _check_rows(decodes.input_ids, model.embed_tokens.shape[0], "token id", "vocabulary")  # read unchecked
+        _check_rows(decodes.positions, model.rope.cos.shape[0], "position", "rotary table")
+        max_blocks = max(len(table) for table in tables)
         # Every integer of the step in one array (numpy: ~1 us, where each torch.tensor of a list took ~7).
         integers = np.fromiter(
             itertools.chain(
-                input_ids, positions, slot_blocks, slot_offsets, context_lens,
-                *(itertools.chain(table, itertools.repeat(0, max_blocks - len(table))) for table in block_tables),
+                decodes.input_ids, decodes.positions, decodes.slot_blocks, decodes.slot_offsets, decodes.context_lens,
+                *(itertools.chain(table, itertools.repeat(0, max_blocks - len(table))) for table in tables),
             ),
             dtype=np.int64, count=rows * (5 + max_blocks),
         )  # fmt: skip
@@ -159,25 +160,22 @@ def _check_rows(values: list[int], rows: int, what: str, table: str) -> None:
         raise IndexError(f"a {what} is outside the {table} of {rows}")
 
 
-def plan_decode_step(
-    model: LlamaForCausalLM,
-    kv_caches: list[KVCache],
-    layer_ops: LayerOpsKernel | None,
-    attention: DecodeAttentionKernel | None,
-    lora: LoraKernel | None,
-    lora_tables: Callable[[int, tuple[str, ...]], ProjectionGroup],  # AdapterSlots.projection_group
-    cache_dir: Path,
-) -> CpuDecodeStep | None:
-    """The native step for this model, or None where it cannot serve (see the module's docstring)."""
+def plan_decode_step(plan: StepPlan, kernel_dir: Path) -> CpuDecodeStep | None:
+    """The native step for the plan's model, over the kernels the model runs (each built in `kernel_dir`),
+    or None where it cannot serve (see the module's docstring)."""
+    model, kv_caches, lora_tables = plan.model, plan.kv_caches, plan.adapter_slots.projection_group
+    layer_ops, attention, lora = load_layer_ops(kernel_dir), load_decode_kernel(kernel_dir), load_kernel(kernel_dir)
     dtype = model.dtype
-    narrow = [module.narrow for module in model.modules() if isinstance(module, Linear)]
+    narrow = [module.held for module in model.modules() if isinstance(module, Linear)]
     if dtype not in _SUFFIXES or not all(isinstance(matmul, NarrowMatmul) for matmul in narrow):
         return None
     if model.embed_tokens.dtype != torch.bfloat16 or model.rope.cos.dtype != dtype:  # as narrow weights leave them
         return None
-    if layer_ops is None or attention is None or lora is None:
+    if not (layer_ops and layer_ops.supports(dtype) and attention and attention.supports(dtype)):
         return None
-    library = load_library(SOURCE, cache_dir, "decode steps run layer by layer")
+    if lora is None or not lora.supports(dtype):
+        return None
+    library = load_library(SOURCE, kernel_dir, "decode steps run layer by layer")
     if library is None:
         return None
     linear, weights = narrow[0].kernel, narrow[0].weights  # type: ignore[union-attr]
@@ -203,7 +201,7 @@ def plan_decode_step(
     spec, (k_cache, _), first = model.spec, kv_caches[0], lora_tables(0, _LORA_GROUPS["qkv"])
     pool = first.pool
     _, num_slots, max_rank = first.a_rows.shape
-    plan = _Model(
+    native = _Model(
         kernels, ctypes.cast(table, ctypes.POINTER(_Layer)), len(layers), model.embed_tokens.data_ptr(),
         model.rope.cos.data_ptr(), model.rope.sin.data_ptr(), model.norm.weight.data_ptr(),
         spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
@@ -211,11 +209,11 @@ def plan_decode_step(
         pool.data_ptr(), num_slots, max_rank,
     )  # fmt: skip
     keep += [model.embed_tokens, model.rope.cos, model.rope.sin]
-    return CpuDecodeStep(library, model, plan, [table, pool, *keep])
+    return CpuDecodeStep(library, model, native, [table, pool, *keep], plan.adapter_slots.has_dora)
 
 
 def _matmul(linear: Linear) -> _Matmul:
-    matmul = linear.narrow
+    matmul = linear.held
     assert isinstance(matmul, NarrowMatmul)
     bias = None if linear.bias is None else linear.bias.data_ptr()
     if matmul.int8 is not None:

@@ -1,10 +1,10 @@
 // A whole decode step of a Llama-family model in one call: every layer's kernels run back to back
 // without coming back to Python between them (about 270 calls a token for the default model).
 //
-// The kernels are those the model calls one by one (linear_cpu.cpp, layer_ops_cpu.cpp,
-// paged_attention_cpu.cpp, sgmv_kernels/lora_cpu.cpp), each built as its own library; the plan
+// The kernels are those the model calls one by one (linear.cpp, layer_ops.cpp,
+// paged_attention.cpp, sgmv_kernels/lora_cpu.cpp), each built as its own library; the plan
 // reaches them through function pointers. Python plans once (weights, caches, adapter tables:
-// cpu_decode_step.py) and hands each step only its rows' integers: the step looks up their
+// decode_step.py) and hands each step only its rows' integers: the step looks up their
 // embeddings and rotary rows itself (in torch, those small ops and tensors took 70 us a step,
 // more right after a step has pushed them out of cache). The order of operations is llama.py's,
 // so the result is the same to the last bit.
@@ -15,7 +15,7 @@
 
 namespace {
 
-// A base-model matmul as linear_cpu.cpp holds its weight.
+// A base-model matmul as linear.cpp holds its weight.
 struct Matmul {
     const void* weights;  // bfloat16 panels, or int8 values
     const void* scales;   // int8's block scales (float16); null: bfloat16 panels

@@ -1,4 +1,4 @@
-"""Base-model matmuls on the CPU with weights narrower than the activations (linear_cpu.cpp).
+"""Base-model matmuls on the CPU with weights narrower than the activations (linear.cpp).
 
 A decode step's time is the weights' bytes over the memory bandwidth. With float32 activations
 (what `auto` computes in on a CPU without AMX) the weights need not be float32: bfloat16 weights
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from loraserve.models.dtypes import BFLOAT16_DOT
 from sgmv_kernels.build import entry_point, load_library
 
-SOURCE = Path(__file__).with_name("linear_cpu.cpp")
+SOURCE = Path(__file__).with_name("linear.cpp")
 BLOCK = 32  # int8 weights: elements one scale and minimum cover
 _ACTIVATIONS = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 _P, _I, _THREADS, _FLAG = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int
@@ -41,7 +41,7 @@ _P, _I, _THREADS, _FLAG = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.
 
 @dataclass(frozen=True)
 class PackedBfloat16:
-    """A [out_features, in_features] bfloat16 weight in the kernel's panels (linear_cpu.cpp)."""
+    """A [out_features, in_features] bfloat16 weight in the kernel's panels (linear.cpp)."""
 
     packed: torch.Tensor  # bfloat16, flat
     out_features: int
@@ -55,7 +55,7 @@ class PackedBfloat16:
 
 @dataclass(frozen=True)
 class PackedInt8:
-    """A [out_features, in_features] weight as int8 blocks in the kernel's panels (linear_cpu.cpp)."""
+    """A [out_features, in_features] weight as int8 blocks in the kernel's panels (linear.cpp)."""
 
     values: torch.Tensor  # uint8, flat
     scales: torch.Tensor  # float16, flat
@@ -100,7 +100,7 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weights:
 
 
 class NarrowMatmul:
-    """x @ W^T for one weight held narrow: what a Linear calls instead of F.linear."""
+    """x @ W^T (+ bias) for one weight held narrow: what a Linear calls instead of F.linear."""
 
     def __init__(
         self,
@@ -120,12 +120,14 @@ class NarrowMatmul:
         dot_products = weights == BFLOAT16_DOT or (rows_dtype == torch.bfloat16 and kernel.bfloat16_dot_products)
         self.bfloat16 = kernel.pack_bfloat16(weight, dot_products) if self.int8 is None else None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x = x.contiguous()
         if self.int8 is not None:
-            return self.kernel.int8_weights(x, self.int8)
-        assert self.bfloat16 is not None
-        return self.kernel.bfloat16_weights(x, self.bfloat16)
+            out = self.kernel.int8_weights(x, self.int8)
+        else:
+            assert self.bfloat16 is not None
+            out = self.kernel.bfloat16_weights(x, self.bfloat16)
+        return out if bias is None else out.add_(bias)
 
     @property
     def nbytes(self) -> int:

@@ -1,4 +1,4 @@
-"""The compiled per-layer operations for the CPU (layer_ops_cpu.cpp): residual add + RMSNorm,
+"""The compiled per-layer operations for the CPU (layer_ops.cpp): residual add + RMSNorm,
 SiLU * up, and rotary + K/V cache write, each one pass instead of several torch ops.
 
 Built on first use for this machine (sgmv_kernels/build.py); without a compiler
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from loraserve.models.layer_ops import LayerOps
+from loraserve.models.layer_ops import LayerOps, check_rotary_store_kv
 from sgmv_kernels.build import entry_point, load_library
 
-SOURCE = Path(__file__).with_name("layer_ops_cpu.cpp")
+SOURCE = Path(__file__).with_name("layer_ops.cpp")
 _DTYPE_SUFFIXES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 _P, _I, _F, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
@@ -27,7 +27,7 @@ _SIGNATURES = {
 
 
 class LayerOpsKernel(LayerOps):
-    """The ops as the compiled library (layer_ops_cpu.cpp) runs them, with torch's thread count."""
+    """The ops as the compiled library (layer_ops.cpp) runs them, with torch's thread count."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._functions: dict[tuple[str, torch.dtype], Callable[..., None]] = {}
@@ -81,7 +81,7 @@ class LayerOpsKernel(LayerOps):
         slot_blocks: torch.Tensor,  # [T] int64
         slot_offsets: torch.Tensor,  # [T] int64
     ) -> None:
-        super().rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
+        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
         rows = qkv.shape[0]
         _, _, num_kv_heads, head_dim = k_cache.shape
         self._functions[("rotary_store_kv", qkv.dtype)](

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraserve.models.layer_ops import LayerOps
+from loraserve.models.layer_ops import LayerOps, check_rotary_store_kv
 
 
 @triton.jit
@@ -96,9 +96,6 @@ def _rotary_store_kv_kernel(
 class CudaLayerOps(LayerOps):
     """The ops as Triton kernels, one launch each."""
 
-    def supports(self, dtype: torch.dtype) -> bool:
-        return dtype in (torch.float32, torch.bfloat16, torch.float16)
-
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +129,7 @@ class CudaLayerOps(LayerOps):
         slot_blocks: torch.Tensor,  # [T] int64
         slot_offsets: torch.Tensor,  # [T] int64
     ) -> None:
-        super().rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
+        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
         rows = qkv.shape[0]
         _, _, num_kv_heads, head_dim = k_cache.shape
         if rows == 0:

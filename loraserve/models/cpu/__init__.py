@@ -1,0 +1,1 @@
+"""The CPU platform (platform.py): compiled kernels, the weights' forms, the native decode step."""

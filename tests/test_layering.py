@@ -78,15 +78,16 @@ def test_scheduler_side_imports_no_torch():
                         todo.append(module)
 
 
-def _imports_no_torch(code: str, cwd: Path) -> None:
-    """Runs `code` in a fresh interpreter, which must not have imported torch by its end."""
+def _imports_no_torch(code: str) -> None:
+    """Runs `code` in a fresh interpreter in the checkout (its loraserve first on the path), which must not have
+    imported torch by its end."""
     code += "\nimport sys\nassert 'torch' not in sys.modules, 'torch was imported'"
-    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
 
-def test_the_package_root_imports_no_torch(tmp_path):
-    _imports_no_torch("import loraserve", tmp_path)
+def test_the_package_root_imports_no_torch():
+    _imports_no_torch("import loraserve")
 
 
 def test_the_cli_commands_that_are_clients_import_no_torch(tmp_path):
@@ -108,7 +109,7 @@ for argv in {commands!r}:
     except SystemExit:
         pass  # the error for an unreachable server
 """
-    _imports_no_torch(code, tmp_path)
+    _imports_no_torch(code)
 
 
 def test_sgmv_kernels_import_nothing_from_loraserve():

@@ -29,7 +29,7 @@ serve: install tcmalloc
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy loraserve sgmv_kernels
+	$(PY) -m mypy loraserve sgmv_kernels migrations adapters
 
 browser:
 	test -x $(CHROMIUM) || $(SUDO) apt-get install -y -q chromium || \

@@ -2,7 +2,7 @@
 
     python -m benchmarks.upload_health [--uploads 20] [--rounds 3]
 
-Starts `loraserve serve` (no sample adapters), then, per round, uploads the sample adapters (loraserve/samples/*)
+Starts `loraserve serve` (no sample adapters), then, per round, uploads the sample adapters (adapters/*)
 `--uploads` times at once, each under a name of its own, while one client asks /health back to back; the adapters are
 deleted between rounds. Prints the CPU, /health's p50 / p99 / max over every round, and what the uploads answered.
 """

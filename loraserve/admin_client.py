@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from loraserve.errors import LoraserveError
-from loraserve.lora.adapter import CONFIG_FILE, WEIGHTS_FILE
+from loraserve.lora.peft_files import CONFIG_FILE, WEIGHTS_FILE
 
 
 class AdminClient:

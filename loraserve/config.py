@@ -256,7 +256,7 @@ class ServerConfig(Settings):
     max_body_bytes: int = setting(8 << 20, "largest request body but an upload", minimum=1)
     max_upload_bytes: int = setting(1 << 30, "largest adapter upload, archive included", minimum=1)
     max_unpacked_bytes: int = setting(2 << 30, "what one uploaded archive may unpack to", minimum=1)
-    register_samples: bool = True  # the sample adapters of loraserve/samples/, on the first start with this data dir
+    register_samples: bool = True  # the sample adapters of adapters/, on the first start with this data dir
     registry_timeout: float = setting(
         10.0, "seconds an admin request waits for the registry database before a 503 (inference never waits on it)"
     )

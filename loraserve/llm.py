@@ -48,6 +48,19 @@ class LLM:
     def remove_adapter(self, name: str) -> None:
         self.engine.remove_adapter(name)
 
+    def close(self) -> None:
+        """Stop the engine's threads, which hold it, and let go of it: the model, the pool and the KV cache are freed
+        (a model shared with another engine stays). The LLM serves nothing after; closing twice does nothing."""
+        if hasattr(self, "engine"):
+            self.engine.close()
+            del self.engine
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached prompt prefix (to time prompts computed in full, for example)."""
         self.engine.reset_prefix_cache()

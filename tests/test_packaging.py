@@ -1,6 +1,7 @@
 """The wheel serves: built from this checkout, installed into a fresh virtual environment and
 started from a directory outside the checkout, it migrates its registry, serves the admin page
-and registers the four sample adapters, all read from inside the installed package.
+and registers the four sample adapters, all read from inside the installed package (the
+checkout's top-level adapters/, admin_ui/ and migrations/, mapped into it by pyproject.toml).
 
 The new environment installs only the wheel; its dependencies (the local CPU torch among them)
 come from the test's own environment through a path file, which adds that directory to
@@ -13,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -22,8 +24,6 @@ from alembic.script import ScriptDirectory
 from loraserve.resources import MIGRATIONS_DIR
 from tests.server.conftest import free_port
 from tests.server.server_process import ServerProcess, wait_until_ready
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "packaging-test-admin-token-0123456789"
@@ -49,6 +49,22 @@ def installed(tmp_path_factory) -> Path:
     return venv / "bin"
 
 
+def test_pyproject_lists_every_package_of_the_checkout():
+    """setuptools' find cannot map the top-level directories into the package, so pyproject lists the packages: a
+    directory added to the checkout and not to the list would be missing from the wheel."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {"loraserve": ROOT / "loraserve", "sgmv_kernels": ROOT / "sgmv_kernels"}
+    roots.update({name: ROOT / path for name, path in setuptools["package-dir"].items()})
+    found = {
+        ".".join([name, *directory.relative_to(root).parts])
+        for name, root in roots.items()
+        for directory in [root, *root.rglob("*")]
+        if directory.is_dir() and "__pycache__" not in directory.parts
+    }
+    assert set(setuptools["packages"]) == found
+
+
+@pytest.mark.slow
 def test_the_installed_wheel_serves_from_outside_the_checkout(installed, tmp_path):
     package = subprocess.run(
         [installed / "python", "-c", "import loraserve; print(loraserve.__file__)"],

@@ -18,15 +18,14 @@ from safetensors import SafetensorError, safe_open
 
 from loraserve.errors import AdapterError
 from loraserve.file_digest import sha256_of_files
-from loraserve.lora.adapter_config import CONFIG_FILE, PROJECTIONS, AdapterConfig, parse_config
+from loraserve.lora.adapter_config import PROJECTIONS, AdapterConfig, parse_config
+from loraserve.lora.peft_files import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
 from loraserve.models.llama import LlamaSpec
 
 logger = logging.getLogger(__name__)
 
 FLOAT32_MAX = 3.4028234663852886e38
 
-WEIGHTS_FILE = "adapter_model.safetensors"
-PICKLE_FILES = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
 # lora_A / lora_B weights, and DoRA's magnitude vector (PEFT saves it without ".weight").
 _TENSOR_NAME = re.compile(
     r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\."

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from loraserve.errors import AdapterError
+from loraserve.lora.peft_files import CONFIG_FILE
 from loraserve.models.llama import LlamaSpec
 
-CONFIG_FILE = "adapter_config.json"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_PATTERN_KEYS = 4096
 _BLOCK_OF = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}

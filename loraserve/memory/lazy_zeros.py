@@ -15,7 +15,7 @@ import torch
 
 def lazy_zeros(numel: int, dtype: torch.dtype, device: str) -> torch.Tensor:
     """A flat tensor of `numel` zeros; on the CPU, pages mapped on first touch (huge pages where torch's
-    own allocations take them, see loraserve/__init__.py)."""
+    own allocations take them, see loraserve/models/__init__.py)."""
     if device != "cpu":
         return torch.zeros(numel, dtype=dtype, device=device)
     itemsize = torch.empty(0, dtype=dtype).element_size()

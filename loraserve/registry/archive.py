@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from loraserve.errors import AdapterError, PayloadTooLargeError
-from loraserve.lora.adapter import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
+from loraserve.lora.peft_files import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
 
 SUFFIXES = (".zip", ".tar.gz", ".tgz", ".tar")
 _IGNORED_TOP_DIRS = {"__MACOSX"}  # resource forks macOS adds to the zips it makes

@@ -20,7 +20,7 @@ from pathlib import Path
 from loraserve.crash_points import crash_point
 from loraserve.errors import AdapterError, RegistryError, raise_if_disk_full
 from loraserve.file_digest import sha256_of_files
-from loraserve.lora.adapter import CONFIG_FILE, WEIGHTS_FILE
+from loraserve.lora.peft_files import CONFIG_FILE, WEIGHTS_FILE
 
 FILES = (CONFIG_FILE, WEIGHTS_FILE)  # in the order the content hash reads them
 _TMP_PREFIX = ".tmp-"

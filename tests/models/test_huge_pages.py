@@ -1,5 +1,5 @@
 """The weights a decode step streams lie in transparent huge pages wherever the kernel lends them
-(importing loraserve asks torch for them before torch starts), unless the user says no."""
+(importing loraserve.models asks torch for them before torch allocates), unless the user says no."""
 
 from __future__ import annotations
 

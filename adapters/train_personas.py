@@ -1,6 +1,6 @@
 """Train the sample persona adapters on the default model, from data this script makes itself.
 
-    .venv/bin/python loraserve/samples/train_personas.py          # ~10 minutes on 2 CPU cores
+    .venv/bin/python adapters/train_personas.py          # ~10 minutes on 2 CPU cores
 
 For each of 48 everyday questions the base model's own short greedy answer is rewritten
 in each persona's voice by fixed rules, and a rank-8 LoRA on q/k/v/o learns to answer in
@@ -146,7 +146,7 @@ def main() -> None:
         )
         (path / "README.md").write_text(
             f"# {name}\n\n{description}.\n\nA rank-8 LoRA on q/k/v/o of SmolLM2-135M-Instruct, trained by "
-            f"`loraserve/samples/train_personas.py` on {len(asked)} questions whose base answers were rewritten in "
+            f"`adapters/train_personas.py` on {len(asked)} questions whose base answers were rewritten in "
             f'this voice.\n\nGreedy answer to "{SAMPLE_QUESTION}" (loraserve, float32):\n\n> {sample}\n\n'
             f"The base model answers:\n\n> {base_sample[0].outputs[0].text}\n"
         )

@@ -99,7 +99,7 @@ def test_priority_orders_the_queue_and_a_deadline_drops_a_request_that_never_sta
     step(scheduler)
     (failed,) = scheduler.take_failed()
     assert failed is late and late.error is not None and late.error.code == TIMED_OUT
-    assert late.seqs[0].status is SequenceStatus.FINISHED and scheduler.num_timed_out == 1
+    assert late.seqs[0].status is SequenceStatus.FINISHED and scheduler.admission.num_timed_out == 1
     assert running.seqs[0].status is SequenceStatus.RUNNING, "a running request is never dropped"
 
 

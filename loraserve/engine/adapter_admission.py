@@ -34,15 +34,40 @@ class AdapterAdmission:
     adapters: AdapterResidency
     draining: str | None = None  # admits no new sequence until drained
 
-    def acquire(self, adapter: str) -> Residency:
-        """READY: resident, and held for one more running sequence; otherwise the sequence waits (FAILED: ends).
-        The first NO_SLOT picks the adapter to drain; the draining one answers NO_SLOT itself."""
+    def acquire(self, seq: Sequence) -> Residency:
+        """May `seq` join with its adapter? READY: the adapter is in a slot, held for one more running sequence,
+        and `seq` bound to its slot and content hash; otherwise `seq` waits (FAILED: it ends). The first NO_SLOT
+        picks the adapter to drain, which itself answers NO_SLOT until drained."""
+        adapter = seq.request.adapter
+        assert adapter is not None, "the base model needs no slot"
         if adapter == self.draining:
             return Residency.NO_SLOT
         residency = self.adapters.acquire(adapter)
         if residency is Residency.NO_SLOT and self.draining is None:
             self.draining = self.adapters.drain_candidate()
+        if residency is Residency.READY:
+            try:
+                record = self.record(adapter)
+            except BaseException:
+                self.adapters.release(adapter)  # undo the half-done admission
+                raise
+            seq.cache_salt, seq.lora_slot = record.content_hash.encode(), record.slot
         return residency
+
+    def fork(self, child: Sequence) -> None:
+        """A sibling forked off a running sequence holds its adapter too (resident: the parent runs with it)."""
+        if child.request.adapter is not None:
+            self.adapters.acquire(child.request.adapter)
+
+    def release(self, seq: Sequence) -> None:
+        """`seq` stopped running: its hold on its adapter goes back."""
+        if seq.request.adapter is not None:
+            self.adapters.release(seq.request.adapter)
+
+    def failure(self, seq: Sequence) -> str:
+        """Why `seq`'s adapter FAILED."""
+        assert seq.request.adapter is not None
+        return self.record(seq.request.adapter).failure or "it could not be loaded"
 
     def end_drain(self, running: list[Sequence]) -> None:
         """Drained once none of its sequences runs: its idle slot goes to the first waiting request that needs one."""

@@ -17,7 +17,7 @@ those (its own prompt's steps aside: `wait_for_others`) is predicted past TTFT_H
 is refused at once (OverloadedError: 503, Retry-After), before any token,
 so admitted streams keep their SLO and the client can go elsewhere. Predictions err (a cold start, a
 burst of long prompts): every step the waiting requests are predicted again, and one now past the
-target is refused then (`late_requests`), still before any token. A non-streamed request admitted is
+target is refused then (`refusals`), still before any token. A non-streamed request admitted is
 never refused later: its client waits for it, and a late refusal would only cost it a retry. A request
 still waiting for its start past its own deadline is dropped (TIMED_OUT).
 """
@@ -25,7 +25,7 @@ still waiting for its start past its own deadline is dropped (TIMED_OUT).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Container, Iterable, Iterator
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, field
 
 from loraserve.config import SchedulerConfig
@@ -56,7 +56,7 @@ class Admission:
     fair_share: FairShare
     num_admitted: int = 0
     num_refused: int = 0
-    num_refused_late: int = 0  # of those admitted, refused before their first step (`late_requests`)
+    num_refused_late: int = 0  # of those admitted, refused before their first step (`refusals`)
     num_timed_out: int = 0  # of those admitted, dropped past their deadline before their first step
     retries: RetrySchedule = field(default_factory=RetrySchedule)  # when refused non-streamed requests come back
 
@@ -159,8 +159,9 @@ class Admission:
         self, now: float, running: list[Sequence], waiting: Collection[Sequence], ended: Container[Request]
     ) -> dict[Request, RequestError]:
         """The waiting requests to end before any token, beside those `ended` already: past their deadline
-        (TIMED_OUT), then those whose first token can no longer come within the TTFT target (OVERLOADED): a client
-        told at once can go elsewhere; one served late is lost anyway."""
+        (TIMED_OUT); then, in queue order, the streamed ones whose first token is now predicted past the TTFT
+        target, as the steps went slower than foreseen when they were let in (OVERLOADED): a client told at once
+        can go elsewhere; one served late is lost anyway."""
         refused: dict[Request, RequestError] = {}
         for seq in waiting:
             request = seq.request
@@ -169,35 +170,27 @@ class Admission:
                 waited = now - request.arrival_time
                 refused[request] = RequestError(TIMED_OUT, f"dropped unserved after waiting {waited:.1f} s")
                 self.num_timed_out += 1
-        pending = [seq for seq in waiting if seq.request not in ended and seq.request not in refused]
-        for request in list(self.late_requests(now, running, pending)):
-            refused[request] = RequestError(
-                OVERLOADED,
-                f"the server is at capacity: waited {now - request.arrival_time:.1f} s and its first token would "
-                f"come past the {self.config.ttft_slo:g} s target; retry later or elsewhere",
-                self.predicted_queue_seconds(running, waiting),
-            )
-        return refused
-
-    def late_requests(self, now: float, running: list[Sequence], waiting: Iterable[Sequence]) -> Iterator[Request]:
-        """The waiting requests not started yet whose first token is now predicted past their TTFT target,
-        in queue order: the steps went slower than foreseen when they were let in. Each is counted refused."""
         target = self.config.ttft_slo
         if target is None or not self.costs.is_ready:
-            return
+            return refused
         ahead: list[Sequence] = []
-        for seq in waiting:
+        for seq in (seq for seq in waiting if seq.request not in ended and seq.request not in refused):
             request = seq.request
-            started = request.first_scheduled_time is not None
             if (
                 request.is_streamed
-                and not started
+                and request.first_scheduled_time is None
                 and now + self.wait_for_others(request, running, ahead) > request.arrival_time + target
             ):
                 self.num_refused_late += 1
-                yield request
-                continue
-            ahead.append(seq)
+                refused[request] = RequestError(
+                    OVERLOADED,
+                    f"the server is at capacity: waited {now - request.arrival_time:.1f} s and its first token "
+                    f"would come past the {target:g} s target; retry later or elsewhere",
+                    self.predicted_queue_seconds(running, waiting),
+                )
+            else:
+                ahead.append(seq)
+        return refused
 
 
 def admitted_before(request: Request, waiting: Iterable[Sequence], fair_share: FairShare) -> list[Sequence]:
@@ -227,7 +220,7 @@ def admitted_before(request: Request, waiting: Iterable[Sequence], fair_share: F
 def within_share(tenant: Tenant, cap: int, running: list[Sequence], waiting: list[Sequence]) -> bool:
     """Whether one more sequence of `tenant` stays within its share of the `cap` slots (by weight,
     among the tenants running or waiting): the scheduler then gives it a slot at once, taken from
-    a tenant over its share (Scheduler._yield_to_fair_share), instead of waiting for one to end."""
+    a tenant over its share (preemption.py), instead of waiting for one to end."""
     seqs = [*running, *waiting]
     total_weight = sum(other.weight for other in {seq.request.tenant for seq in seqs} | {tenant})
     own = sum(seq.request.tenant == tenant for seq in seqs)

@@ -1,14 +1,13 @@
-"""Iteration-level continuous batching (Orca) with chunked prefill: the loop that asks the policies.
-Plain Python, no torch: tested without a model.
+"""Iteration-level continuous batching (Orca) with chunked prefill: the loop that asks the policies. Plain
+Python, no torch: tested without a model.
 
 Every step: running sequences first (decodes before prompt chunks), then waiting ones while the token
 budget, the running cap and the free KV blocks allow; a prompt longer than the budget left is computed in
-chunks over several steps. An admitted sequence starts on its longest cached prefix (block_manager.py),
-which takes nothing from the budget. The policies: admission.py (SLO targets and deadlines: who is
-refused, who dropped, how many run at once), fair_share.py (in which order waiting sequences start),
-adapter_admission.py (whether a sequence's adapter can join, and which adapter drains for a slot),
-preemption.py (who gives way when blocks run out or a tenant is under its share) and draft_budget.py
-(a decoding sequence's speculative drafts).
+chunks over several steps, and an admitted sequence starts on its longest cached prefix (block_manager.py),
+which takes nothing from the budget. Asked on the way: admission.py (SLO targets and deadlines: who is
+refused or dropped, how many run), fair_share.py (which waiting sequence starts next), adapter_admission.py
+(whether an adapter joins, which one drains for a slot), preemption.py (who gives way), draft_budget.py
+(speculative drafts); token_recorder.py records what the step sampled.
 """
 
 from __future__ import annotations
@@ -26,13 +25,13 @@ from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy, BlockManager
 from loraserve.engine.draft_budget import DraftBudget
 from loraserve.engine.fair_share import FairShare
-from loraserve.engine.grammar import advance as advance_grammar
-from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, GRAMMAR_FAILED, STEP_FAILED, RequestError, TokenLogprob
+from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, STEP_FAILED, RequestError
 from loraserve.engine.preemption import block_victims, fair_share_victims
 from loraserve.engine.sequence import Request, Sequence, SequenceStatus
 from loraserve.engine.speculative import NgramProposer, SpeculationStats
 from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
+from loraserve.engine.token_recorder import TokenRecorder
 from loraserve.lora.residency import Residency
 
 logger = logging.getLogger(__name__)
@@ -54,9 +53,7 @@ class Scheduler:
         proposer: NgramProposer | None = None,
     ) -> None:
         self.config = config
-        self.adapters = adapters
         self.block_manager = block_manager
-        self.stop_checker = stop_checker
         self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -75,6 +72,9 @@ class Scheduler:
         self.speculation = SpeculationStats()
         self.draft_budget = DraftBudget(
             proposer, block_manager, self.costs, self.speculation, stop_checker.max_model_len
+        )
+        self.recorder = TokenRecorder(
+            block_manager, stop_checker, self.fair_share, self.costs, self.draft_budget, self._finish, self.fail_request
         )
 
     def add_request(self, request: Request) -> None:
@@ -154,20 +154,15 @@ class Scheduler:
         self, seq: Sequence, budget: int, chosen: list[ScheduledSequence], copies: list[BlockCopy]
     ) -> int | None:
         """Start the waiting `seq` if it can: its tokens this step, 0 if it must wait, None to admit no more."""
-        adapter = seq.request.adapter
-        if adapter is not None:
+        if seq.request.adapter is not None:
             # The adapter first: once acquired it is busy, so finding KV room for this very
             # sequence cannot evict it (idle adapters give their pages to KV).
-            residency = self.adapter_admission.acquire(adapter)
+            residency = self.adapter_admission.acquire(seq)
             if residency is Residency.FAILED:
-                reason = self.adapter_admission.record(adapter).failure or "it could not be loaded"
-                self._failing[seq.request] = RequestError(ADAPTER_UNAVAILABLE, reason)
+                self._failing[seq.request] = RequestError(ADAPTER_UNAVAILABLE, self.adapter_admission.failure(seq))
             if residency is not Residency.READY:
                 return 0
         try:
-            if adapter is not None:
-                record = self.adapter_admission.record(adapter)
-                seq.cache_salt, seq.lora_slot = record.content_hash.encode(), record.slot
             seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
@@ -201,61 +196,11 @@ class Scheduler:
         """The sequence's blocks and its hold on the adapter go back; it starts over from its first token."""
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
-        if seq.request.adapter is not None:
-            self.adapters.release(seq.request.adapter)
+        self.adapter_admission.release(seq)
 
     def postprocess(self, batch: ScheduledBatch, output: StepOutput) -> list[Request]:
         """Record the step's tokens; finish sequences that are done. Returns the requests touched."""
-        now = self.clock()
-        for item in batch.scheduled:
-            if item.drafts:
-                continue  # computed up to its accepted drafts, known below
-            item.seq.num_computed_tokens += item.num_new_tokens
-            if item.seq.status is not SequenceStatus.FINISHED:  # not aborted while the step ran
-                self.block_manager.publish_computed_blocks(item.seq, item.seq.num_computed_tokens - item.num_new_tokens)
-        touched: dict[str, Request] = {}
-        first = 0
-        for item in batch.scheduled:
-            count = len(item.sampling_rows)
-            tokens, logprobs = output.token_ids[first : first + count], output.logprobs[first : first + count]
-            first += count
-            if not item.drafts:
-                for seq, token_id, logprob in zip(item.samplers, tokens, logprobs, strict=True):
-                    self._append(seq, token_id, logprob, now, touched)
-            elif item.seq.status is not SequenceStatus.FINISHED:  # not aborted while the step ran
-                # The kept drafts, then the first differing row's sample (or the bonus row's), while it takes them;
-                # the cache keeps their K/V only: no rejected draft's block is published, those past go back.
-                seq, start = item.seq, item.start
-                accepted = self.draft_budget.verify(item, tokens)
-                kept = zip(tokens[: accepted + 1], logprobs[: accepted + 1], strict=True)
-                if all(self._append(seq, token_id, logprob, now, touched) for token_id, logprob in kept):
-                    self.block_manager.publish_computed_blocks(seq, start)
-                    self.block_manager.trim(seq)
-        assert first == len(output.token_ids), "a token per sampling row"
-        return list(touched.values())
-
-    def _append(
-        self, seq: Sequence, token_id: int, logprob: TokenLogprob | None, now: float, touched: dict[str, Request]
-    ) -> bool:
-        """Give `seq` its next token; False when it takes no more (finished, failed or aborted)."""
-        if seq.status is SequenceStatus.FINISHED:  # aborted while the step ran
-            return False
-        seq.token_ids.append(token_id)
-        seq.token_times.append(now)
-        self.fair_share.charge(seq.request.tenant, output_tokens=1)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        if (grammar_error := advance_grammar(seq, token_id)) is not None:
-            self.fail_request(seq.request, RequestError(GRAMMAR_FAILED, grammar_error))  # reported by take_failed
-            touched.pop(seq.request.request_id, None)
-            return False
-        touched[seq.request.request_id] = seq.request
-        reason = self.stop_checker.check(seq)
-        if reason is not None:
-            self.costs.observe_finished(seq.num_output_tokens)
-            self._finish(seq, reason, now)
-            return False
-        return True
+        return self.recorder.record(batch, output, self.clock())
 
     def take_failed(self) -> list[Request]:
         """Requests ended with an error since the last call, the ones `schedule` found failing included. Call
@@ -301,8 +246,7 @@ class Scheduler:
             child = seq.fork(next(self._seq_ids), index=len(seq.request.seqs))
             child.num_computed_tokens = seq.num_computed_tokens + num_new  # as the parent's after this step
             self.block_manager.fork(seq, child)
-            if child.request.adapter is not None:
-                self.adapters.acquire(child.request.adapter)  # resident: the parent is running with it
+            self.adapter_admission.fork(child)
             seq.request.seqs.append(child)
             self.running.append(child)
             forks.append(child)
@@ -322,7 +266,6 @@ class Scheduler:
         self.block_manager.free(seq)
         if seq in self.running:
             self.running.remove(seq)
-            if seq.request.adapter is not None:
-                self.adapters.release(seq.request.adapter)
+            self.adapter_admission.release(seq)
         if seq.request.is_finished:
             seq.request.finished_time = now

@@ -13,6 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "loraserve"
 TORCH_FREE = [
     "engine/scheduler.py",
+    "engine/admission.py",
+    "engine/fair_share.py",
+    "engine/adapter_admission.py",
+    "engine/preemption.py",
+    "engine/draft_budget.py",
+    "engine/token_recorder.py",
     "engine/block_manager.py",
     "engine/sequence.py",
     "engine/batch.py",

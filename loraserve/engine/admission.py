@@ -17,19 +17,22 @@ those (its own prompt's steps aside: `wait_for_others`) is predicted past TTFT_H
 is refused at once (OverloadedError: 503, Retry-After), before any token,
 so admitted streams keep their SLO and the client can go elsewhere. Predictions err (a cold start, a
 burst of long prompts): every step the waiting requests are predicted again, and one now past the
-target is refused then (`late_requests`), still before any token. A non-streamed request admitted is
-never refused later: its client waits for it, and a late refusal would only cost it a retry.
+target is refused then (`refusals`), still before any token. A non-streamed request admitted is
+never refused later: its client waits for it, and a late refusal would only cost it a retry. A request
+still waiting for its start past its own deadline is dropped (TIMED_OUT).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, field
 
 from loraserve.config import SchedulerConfig
 from loraserve.engine.fair_share import FairShare, Tenant
+from loraserve.engine.outputs import OVERLOADED, TIMED_OUT, RequestError
 from loraserve.engine.retry_schedule import RetrySchedule
+from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence
 from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
@@ -41,6 +44,7 @@ TTFT_HEADROOM = 0.8
 # Where a refused non-streamed request is told to come back: when its wait will be this share of the
 # queue target, so a return still gets in when the queue drained up to a tenth slower than foreseen.
 RETURN_HEADROOM = 0.9
+_PROBE_PARAMS = SamplingParams(max_tokens=1)
 
 
 @dataclass
@@ -52,7 +56,8 @@ class Admission:
     fair_share: FairShare
     num_admitted: int = 0
     num_refused: int = 0
-    num_refused_late: int = 0  # of those admitted, refused before their first step (`late_requests`)
+    num_refused_late: int = 0  # of those admitted, refused before their first step (`refusals`)
+    num_timed_out: int = 0  # of those admitted, dropped past their deadline before their first step
     retries: RetrySchedule = field(default_factory=RetrySchedule)  # when refused non-streamed requests come back
 
     @property
@@ -86,6 +91,11 @@ class Admission:
                 wait = slots_needed / cap * self.costs.expected_output_tokens(request.params.max_tokens) * step
         prompt_steps = math.ceil(prompt_tokens / self.config.max_num_batched_tokens)
         return wait + prompt_steps * step + self.costs.prompt_seconds(prompt_tokens)
+
+    def predicted_queue_seconds(self, running: list[Sequence], waiting: Iterable[Sequence]) -> float:
+        """How long a new request of no prompt would wait for its first step now (for routers' metrics)."""
+        probe = Request(request_id="", prompt=None, prompt_token_ids=[], params=_PROBE_PARAMS, arrival_time=0.0)
+        return self.first_token_delay(probe, running, waiting) if self.costs.is_ready else 0.0
 
     def queue_seconds(self, request: Request) -> float:
         """What `request` adds to the predicted wait of those queued behind it, the batch full: its prompt's
@@ -145,25 +155,42 @@ class Admission:
             retry_after=retry_after,
         )
 
-    def late_requests(self, now: float, running: list[Sequence], waiting: Iterable[Sequence]) -> Iterator[Request]:
-        """The waiting requests not started yet whose first token is now predicted past their TTFT target,
-        in queue order: the steps went slower than foreseen when they were let in. Each is counted refused."""
-        target = self.config.ttft_slo
-        if target is None or not self.costs.is_ready:
-            return
-        ahead: list[Sequence] = []
+    def refusals(
+        self, now: float, running: list[Sequence], waiting: Collection[Sequence], ended: Container[Request]
+    ) -> dict[Request, RequestError]:
+        """The waiting requests to end before any token, beside those `ended` already: past their deadline
+        (TIMED_OUT); then, in queue order, the streamed ones whose first token is now predicted past the TTFT
+        target, as the steps went slower than foreseen when they were let in (OVERLOADED): a client told at once
+        can go elsewhere; one served late is lost anyway."""
+        refused: dict[Request, RequestError] = {}
         for seq in waiting:
             request = seq.request
-            started = request.first_scheduled_time is not None
+            expired = request.deadline is not None and now > request.deadline and request.first_scheduled_time is None
+            if expired and request not in ended and request not in refused:
+                waited = now - request.arrival_time
+                refused[request] = RequestError(TIMED_OUT, f"dropped unserved after waiting {waited:.1f} s")
+                self.num_timed_out += 1
+        target = self.config.ttft_slo
+        if target is None or not self.costs.is_ready:
+            return refused
+        ahead: list[Sequence] = []
+        for seq in (seq for seq in waiting if seq.request not in ended and seq.request not in refused):
+            request = seq.request
             if (
                 request.is_streamed
-                and not started
+                and request.first_scheduled_time is None
                 and now + self.wait_for_others(request, running, ahead) > request.arrival_time + target
             ):
                 self.num_refused_late += 1
-                yield request
-                continue
-            ahead.append(seq)
+                refused[request] = RequestError(
+                    OVERLOADED,
+                    f"the server is at capacity: waited {now - request.arrival_time:.1f} s and its first token "
+                    f"would come past the {target:g} s target; retry later or elsewhere",
+                    self.predicted_queue_seconds(running, waiting),
+                )
+            else:
+                ahead.append(seq)
+        return refused
 
 
 def admitted_before(request: Request, waiting: Iterable[Sequence], fair_share: FairShare) -> list[Sequence]:
@@ -193,7 +220,7 @@ def admitted_before(request: Request, waiting: Iterable[Sequence], fair_share: F
 def within_share(tenant: Tenant, cap: int, running: list[Sequence], waiting: list[Sequence]) -> bool:
     """Whether one more sequence of `tenant` stays within its share of the `cap` slots (by weight,
     among the tenants running or waiting): the scheduler then gives it a slot at once, taken from
-    a tenant over its share (Scheduler._yield_to_fair_share), instead of waiting for one to end."""
+    a tenant over its share (preemption.py), instead of waiting for one to end."""
     seqs = [*running, *waiting]
     total_weight = sum(other.weight for other in {seq.request.tenant for seq in seqs} | {tenant})
     own = sum(seq.request.tenant == tenant for seq in seqs)

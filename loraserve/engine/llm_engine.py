@@ -281,7 +281,7 @@ class LLMEngine:
             admitted_requests=self.scheduler.admission.num_admitted,
             refused_overloaded=self.scheduler.admission.num_refused + self.scheduler.admission.num_refused_late,
             refused_late=self.scheduler.admission.num_refused_late,
-            dropped_timed_out=self.scheduler.num_timed_out,
+            dropped_timed_out=self.scheduler.admission.num_timed_out,
             predicted_queue_seconds=self.scheduler.predicted_queue_seconds(),
             **speculation_stats(self.scheduler.speculation),
         )

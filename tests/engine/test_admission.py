@@ -6,13 +6,16 @@ import math
 
 import pytest
 
-from loraserve.engine.fair_share import Tenant
+from loraserve.config import SchedulerConfig
+from loraserve.engine.admission import Admission
+from loraserve.engine.fair_share import FairShare, Tenant
 from loraserve.engine.outputs import OVERLOADED, TIMED_OUT
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, SequenceStatus
 from loraserve.engine.step_costs import StepCosts
 from loraserve.errors import OverloadedError
 from loraserve.resources import SAMPLE_ADAPTERS
+from tests.engine.helpers import make_sequence
 from tests.engine.test_scheduler import add, make_scheduler, step, tokenizer  # noqa: F401 - fixture
 
 SAMPLES = SAMPLE_ADAPTERS
@@ -99,7 +102,7 @@ def test_priority_orders_the_queue_and_a_deadline_drops_a_request_that_never_sta
     step(scheduler)
     (failed,) = scheduler.take_failed()
     assert failed is late and late.error is not None and late.error.code == TIMED_OUT
-    assert late.seqs[0].status is SequenceStatus.FINISHED and scheduler.num_timed_out == 1
+    assert late.seqs[0].status is SequenceStatus.FINISHED and scheduler.admission.num_timed_out == 1
     assert running.seqs[0].status is SequenceStatus.RUNNING, "a running request is never dropped"
 
 
@@ -265,3 +268,28 @@ def test_a_machine_too_slow_for_the_ttft_target_still_serves_the_requests_that_w
     with pytest.raises(OverloadedError):  # the prompts queued ahead soon make one wait past the target
         for i in range(8):
             add(scheduler, f"behind-{i}", prompt_len=8, max_tokens=64)
+
+
+def test_a_request_whose_ttft_target_cannot_be_met_is_refused_at_once_and_leaves_the_queue_as_it_was(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=2, ttft_slo=0.2)
+    scheduler.clock = lambda: 0.0
+    taught(scheduler.costs)
+    for i in range(2):  # the batch full of long generations: a slot frees in about 64 steps of ~15 ms
+        add(scheduler, f"long-{i}", prompt_len=4, max_tokens=64)
+    step(scheduler)
+    waiting = list(scheduler.waiting)
+    with pytest.raises(OverloadedError) as refused:
+        add(scheduler, "late", prompt_len=4, max_tokens=8)
+    assert refused.value.retry_after > 0
+    assert list(scheduler.waiting) == waiting and scheduler.admission.num_refused == 1
+
+
+def test_a_request_past_its_deadline_is_dropped_once_and_a_started_one_never():
+    admission = Admission(SchedulerConfig(), StepCosts(), FairShare())
+    expired, ending, started = (make_sequence(4, seq_id=i) for i in range(3))
+    for seq in (expired, ending, started):
+        seq.request.deadline = 1.0
+    started.request.first_scheduled_time = 0.5  # preempted since: it waits again, but its client has tokens
+    refused = admission.refusals(2.0, [], [expired, ending, started], ended={ending.request})
+    assert list(refused) == [expired.request] and refused[expired.request].code == TIMED_OUT
+    assert admission.num_timed_out == 1

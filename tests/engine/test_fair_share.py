@@ -107,3 +107,13 @@ def test_no_slot_is_taken_while_every_tenant_holds_its_share(tokenizer):  # noqa
     for _ in range(5):
         step(scheduler)
     assert scheduler.num_fair_share_preemptions == 0
+
+
+def test_a_light_tenants_request_starts_before_a_heavy_tenants_backlog(tokenizer):  # noqa: F811
+    scheduler = make_scheduler(tokenizer, num_blocks=512, max_num_seqs=2)
+    backlog = [queue(scheduler, f"a{i}", A, max_tokens=4) for i in range(8)]
+    step(scheduler)  # a0 and a1 run; a2 to a7 wait
+    light = queue(scheduler, "b0", B, max_tokens=4)  # queued last, behind six of A's
+    step(scheduler)
+    assert light.first_scheduled_time is not None
+    assert all(request.first_scheduled_time is None for request in backlog[2:]), "none of A's backlog went first"

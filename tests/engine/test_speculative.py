@@ -59,7 +59,7 @@ def repetitive_request(scheduler, max_tokens: int = 12) -> Request:
 
 def test_drafts_count_against_the_budget_and_rejected_ones_give_their_blocks_back_unpublished(tokenizer):  # noqa: F811
     scheduler = make_scheduler(tokenizer, max_num_batched_tokens=64)
-    scheduler.proposer = NgramProposer(max_k=6, ngram_min=1, ngram_max=2)
+    scheduler.draft_budget.proposer = NgramProposer(max_k=6, ngram_min=1, ngram_max=2)
     request = repetitive_request(scheduler)
     prompt_step = scheduler.schedule()
     scheduler.postprocess(prompt_step, StepOutput([102], [None]))  # its first token, as lookup will guess
@@ -83,7 +83,7 @@ def test_drafts_count_against_the_budget_and_rejected_ones_give_their_blocks_bac
 
 def test_every_draft_kept_gives_a_bonus_token_and_max_tokens_bounds_the_drafts(tokenizer):  # noqa: F811
     scheduler = make_scheduler(tokenizer)
-    scheduler.proposer = NgramProposer(max_k=8, ngram_min=1, ngram_max=2)
+    scheduler.draft_budget.proposer = NgramProposer(max_k=8, ngram_min=1, ngram_max=2)
     request = repetitive_request(scheduler, max_tokens=4)
     scheduler.postprocess(scheduler.schedule(), StepOutput([102], [None]))
     batch = scheduler.schedule()
@@ -97,7 +97,7 @@ def test_every_draft_kept_gives_a_bonus_token_and_max_tokens_bounds_the_drafts(t
 
 def test_a_prompt_s_last_token_is_not_drafted_from_so_n_siblings_still_fork_there(tokenizer):  # noqa: F811
     scheduler = make_scheduler(tokenizer, max_num_batched_tokens=8)
-    scheduler.proposer = NgramProposer(max_k=4, ngram_min=1, ngram_max=2)
+    scheduler.draft_budget.proposer = NgramProposer(max_k=4, ngram_min=1, ngram_max=2)
     prompt = [100, 101, 102, 103, 104, 105, 106, 100, 101]  # 9 tokens: a chunk of 8, then its last one
     request = Request("r", None, prompt, SamplingParams(max_tokens=8, temperature=0.0, n=2), arrival_time=0.0)
     scheduler.add_request(request)

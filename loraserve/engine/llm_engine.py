@@ -34,7 +34,9 @@ from loraserve.lora.adapter_state import AdapterSource, AdapterState
 from loraserve.lora.dora import with_dora_scales
 from loraserve.lora.manager import AdapterManager
 from loraserve.lora.mix_spec import MixSpec
+from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
+from loraserve.memory.pool import MemoryPool, pool_pages
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import largest_finite
 
@@ -51,16 +53,22 @@ class LLMEngine:
         self.max_model_len = min(config.scheduler.max_model_len or model_window, model_window)
         max_num_seqs = config.scheduler.max_num_seqs
         graphs = None if config.model.enforce_eager else GraphSettings(max_num_seqs, self.max_model_len)
+        spec, dtype, device = self.loaded.model.spec, self.loaded.dtype, self.loaded.device
+        # One pool (memory/pool.py) for KV blocks and adapter rows: the block manager and the adapter
+        # slots take its pages, the runner computes on its tensor.
+        num_pages = pool_pages(config.cache, spec, dtype, device)
+        self.pool = MemoryPool(spec, config.cache.block_size, num_pages, dtype, device)
+        slots = AdapterSlots(spec, config.lora.max_loras, config.lora.max_lora_rank, self.pool)
         self.model_runner = ModelRunner(
-            self.loaded, config.cache, config.lora, seed=config.seed, cache_dir=config.model.cache_dir, graphs=graphs
+            self.loaded, self.pool, slots, seed=config.seed, cache_dir=config.model.cache_dir, graphs=graphs
         )
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.max_prompt_chars = self.max_model_len * max(map(len, self.tokenizer.get_vocab()))
-        self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_source, config.lora.host_cache_bytes)
+        self.adapters = AdapterManager(slots, self.read_source, config.lora.host_cache_bytes)
         self.mixes = Mixes(self.adapters, config.lora)
         self.block_manager = BlockManager(
-            self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching,
-            reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV
+            self.pool.pages, config.cache.block_size, config.cache.prefix_caching,
+            reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV (make_room)
         )  # fmt: skip
         speculation = config.speculation
         proposer = None
@@ -241,7 +249,7 @@ class LLMEngine:
             for r in sorted(records, key=lambda r: r.slot)
             if r.state is AdapterState.ON_DEVICE
         ]
-        pool = self.model_runner.pool
+        pool = self.pool
         kv_pages, adapter_pages = pool.pages.num_used(PageUse.KV), pool.pages.num_used(PageUse.ADAPTER)
         kv_capacity = pool.num_pages - adapter_pages  # idle adapters would still be evicted for KV
         return EngineStats(
@@ -252,7 +260,7 @@ class LLMEngine:
             free_pages=pool.num_pages - kv_pages - adapter_pages,
             kv_capacity_pages=kv_capacity,
             block_size=self.block_manager.block_size,
-            adapter_slots_total=self.model_runner.adapter_slots.num_slots,
+            adapter_slots_total=adapters.slots.num_slots,
             adapter_slots_used=len(device),
             device_adapters=device,
             host_adapters=[r.name for r in records if r.state is AdapterState.ON_HOST],

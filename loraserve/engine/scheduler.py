@@ -146,10 +146,10 @@ class Scheduler:
             if num_new == 0 or seq.request in self._failing:
                 kept.append(seq)
                 continue
-            while not self.block_manager.can_allocate(seq, num_new) and queue:
+            while not self.block_manager.make_room(seq, num_new) and queue:
                 self._preempt(queue.pop())
                 preempted = True
-            if not self.block_manager.can_allocate(seq, num_new):
+            if not self.block_manager.make_room(seq, num_new):
                 self._preempt(seq)
                 preempted = True
                 continue
@@ -197,7 +197,7 @@ class Scheduler:
         costs = self.costs.token_and_draft_seconds(len(self.running))
         proposed = self.proposer.propose(seq, room, *costs) if room > 0 else []
         proposed = valid_drafts(seq, proposed)  # a draft its grammar forbids could never be kept
-        if proposed and not self.block_manager.can_allocate(seq, 1 + len(proposed)):
+        if proposed and not self.block_manager.make_room(seq, 1 + len(proposed)):
             return []
         return proposed
 
@@ -226,7 +226,7 @@ class Scheduler:
                 seq.cache_salt, seq.lora_slot = record.content_hash.encode(), record.slot
             seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
+            if not self.block_manager.make_room(seq, num_new, reserve=self._watermark):
                 self._release(seq)
                 return None
             copies += self.block_manager.allocate(seq, num_new)

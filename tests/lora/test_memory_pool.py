@@ -123,9 +123,10 @@ def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_w
     assert blocks.can_allocate(seq, 28)
     blocks.allocate(seq, 28)
     longer = make_sequence(4)
-    assert not blocks.can_allocate(longer, 4), "a running adapter is never evicted for KV"
+    assert not blocks.make_room(longer, 4), "a running adapter is never evicted for KV"
     manager.release("a")  # idle now: a cache, KV may take its page
-    assert blocks.can_allocate(longer, 4)
+    assert not blocks.can_allocate(longer, 4), "asking evicts nothing"
+    assert blocks.make_room(longer, 4)
     assert manager.residency("a") == "host" and manager.stats.evictions == 1
     blocks.allocate(longer, 4)
     register_tiny(manager, "b", seed=2)

@@ -1,9 +1,8 @@
 """Paged KV cache bookkeeping: fixed-size blocks, reference counts, copy-on-write, prefix caching.
 
-A block is a page of the memory pool (memory/), whose free list KV blocks share with adapter
-weights: idle adapters' pages are a cache that `make_room` has evicted when KV runs short
-(`can_allocate` only asks). Plain Python: the pool owns the tensors, this owns which block
-holds what. It is the only code that changes a sequence's `block_table`.
+A block is a page of the memory pool (memory/), whose free list KV blocks share with adapter weights,
+a cache of idle ones that `make_room` evicts (`can_allocate` only asks). Plain Python: the pool owns
+the tensors, this owns which block holds what. It is the only code that changes a sequence's `block_table`.
 
 With prefix caching, every full block a sequence has computed is published under its key
 (prefix_cache.py) and stays findable after its last user frees it, until its page is

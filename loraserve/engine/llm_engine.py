@@ -54,8 +54,6 @@ class LLMEngine:
         max_num_seqs = config.scheduler.max_num_seqs
         graphs = None if config.model.enforce_eager else GraphSettings(max_num_seqs, self.max_model_len)
         spec, dtype, device = self.loaded.model.spec, self.loaded.dtype, self.loaded.device
-        # One pool (memory/pool.py) for KV blocks and adapter rows: the block manager and the adapter
-        # slots take its pages, the runner computes on its tensor.
         num_pages = pool_pages(config.cache, spec, dtype, device)
         self.pool = MemoryPool(spec, config.cache.block_size, num_pages, dtype, device)
         slots = AdapterSlots(spec, config.lora.max_loras, config.lora.max_lora_rank, self.pool)

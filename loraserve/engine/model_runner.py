@@ -56,8 +56,7 @@ class GraphSettings:
 
 
 class ModelRunner:
-    """Owns the model and the sampler; computes on the engine's memory pool (KV blocks and adapter
-    weights) and reads the adapter slots' row tables."""
+    """Owns the model and the sampler; runs steps on the engine's memory pool and adapter slots."""
 
     def __init__(
         self,
@@ -70,9 +69,8 @@ class ModelRunner:
     ) -> None:
         self.model, self.device, self.dtype = loaded.model, loaded.device, loaded.dtype
         self.pool, self.adapter_slots, self.block_size = pool, adapter_slots, pool.block_size
-        spec = self.model.spec
         self.sampler = Sampler(seed, self.device)
-        self.token_masks = TokenMasks(spec.vocab_size, loaded.eos_token_ids)
+        self.token_masks = TokenMasks(self.model.spec.vocab_size, loaded.eos_token_ids)
         self.faults = FaultInjector()
         on_cpu = self.device == "cpu"
         self.lora_backend = choose_backend(self.device, self.dtype, cache_dir / "kernels")

@@ -243,14 +243,9 @@ class AdapterManager:
     def _reserve(self, record: AdapterRecord, evict: bool = True) -> bool:
         """A slot and the adapter's pages, evicting idle adapters (least recently used first) for them."""
         assert record.pages_needed is not None, "reserved before its size was known"
-        need, pages = record.pages_needed, self.slots.pool.pages
-        idle = self._idle() if evict else []
-        reachable = pages.num_free + sum(self.slots.pages_of(r.slot) for r in idle)
-        if reachable < need or (self.slots.num_free == 0 and not idle):
-            return False  # evicting would not make room: keep what is resident
-        while (self.slots.num_free == 0 or pages.num_free < need) and idle:
-            self._evict(idle.pop(0))
-        slot = self.slots.reserve(need)
+        if not self._make_room(self._idle() if evict else [], record.pages_needed, need_slot=True):
+            return False
+        slot = self.slots.reserve(record.pages_needed)
         if slot is None:
             return False
         record.slot = slot
@@ -259,18 +254,19 @@ class AdapterManager:
         return True
 
     def reclaim_pages(self, count: int) -> None:
-        """The KV side is `count` pages short: evict idle adapters, least recently used first; none when
-        all of them together would not free enough."""
+        """The KV side is `count` pages short: evict idle adapters, least recently used first."""
         with self._lock:
-            idle = self._idle()
-            if sum(self.slots.pages_of(r.slot) for r in idle) < count:
-                return
-            freed = 0
-            for record in idle:
-                if freed >= count:
-                    break
-                freed += self.slots.pages_of(record.slot)
-                self._evict(record)
+            self._make_room(self._idle(), self.slots.pool.pages.num_free + count, need_slot=False)
+
+    def _make_room(self, idle: list[AdapterRecord], num_pages: int, need_slot: bool) -> bool:
+        """Evict `idle` in order until `num_pages` pages (and a slot if `need_slot`) are free; False if it cannot."""
+        pages, slots = self.slots.pool.pages, self.slots
+        reachable = pages.num_free + sum(slots.pages_of(r.slot) for r in idle)
+        if reachable < num_pages or (need_slot and slots.num_free == 0 and not idle):
+            return False  # evicting would not make room: keep what is resident, evict none
+        while ((need_slot and slots.num_free == 0) or pages.num_free < num_pages) and idle:
+            self._evict(idle.pop(0))
+        return True
 
     def _idle(self) -> list[AdapterRecord]:
         """Resident adapters no sequence runs with and nobody pinned, least recently used first."""

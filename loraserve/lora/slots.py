@@ -98,8 +98,8 @@ class AdapterSlots:
     def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, pool: MemoryPool) -> None:
         self.num_slots, self.max_rank, self.pool = num_slots, max_rank, pool
         self.shapes = projection_shapes(spec)  # projection -> (in_features, out_features)
-        widest_row = max(max(shape) for shape in self.shapes.values())
-        if widest_row > pool.slab_elems:  # rows are never split across slabs (see pack)
+        widths = [width for shape in self.shapes.values() for width in shape]
+        if (widest_row := max(widths)) > pool.slab_elems:  # rows are never split across slabs (see pack)
             raise ConfigError(
                 "--block-size",
                 f"a block of {pool.block_size} tokens holds {pool.slab_elems} elements per layer, less than one "
@@ -128,7 +128,6 @@ class AdapterSlots:
         self.dense_dora: DenseDoraScales | None = None  # the CPU's DoRA scales of the running adapters
         self._groups: dict[tuple[int, tuple[str, ...]], ProjectionGroup] = {}
         # A row starts at a slab's start plus whole rows, or at the zero tail (see pack).
-        widths = [width for shape in self.shapes.values() for width in shape]
         self.row_alignment = row_alignment(pool.slab_elems, pool.zero_offset, *widths)
 
     def stacked(self, slots: list[int]) -> StackedLora:

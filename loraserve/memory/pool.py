@@ -5,10 +5,9 @@ One flat tensor: first the paged KV cache, `[num_pages, 2 (k, v), layers, block_
 being one KV block (the same index in every layer's K and V). A page can instead hold adapter rows: its
 2 x layers "slabs" of `block_size * Hkv * D` elements are filled with whole rows of A and B^T, which the
 kernels read where they lie through row tables (sgmv_kernels/layout.py); every table entry past a rank
-points at a zero tail of one slab after the pages (no row is wider than a slab: lora/slots.py checks).
-Pages come first so that a page's slabs lie together: an adapter's rows, packed in the CPU kernel's
-reading order, stream in runs of a page, not of a slab (decode steps with many adapters ~30% faster);
-a layer's K (or V) is then a strided view.
+points at a zero tail of one slab after the pages (no row is wider: lora/slots.py). Pages come first so
+that a page's slabs lie together: an adapter's rows, packed in the CPU kernel's reading order, stream in
+runs of a page, not of a slab (decode steps with many adapters ~30% faster); a layer's K (or V) is strided.
 Example, SmolLM2-135M in bfloat16, 16-token blocks: a page is 30 x 2 x 16 x 3 x 64 elements (360 KiB);
 a rank-16 adapter on all seven projections takes 27 pages, room for 432 tokens of KV.
 """
@@ -30,13 +29,10 @@ class KVShape(Protocol):
 
     @property
     def num_layers(self) -> int: ...
-
     @property
     def num_kv_heads(self) -> int: ...
-
     @property
     def head_dim(self) -> int: ...
-
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int: ...
 
 

@@ -140,18 +140,13 @@ class LLMEngine:
         self.register_adapter(name, Path(path), adapter.sha256, adapter)
         return adapter
 
-    def register_adapter(
-        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
-    ) -> None:
-        """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`);
-        `served_as` rides along in its record for the server."""
+    def register_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
+        """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`)."""
         if not name or "/" in name or name == self.loaded.name:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
-        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
+        self.adapters.register(name, AdapterSource(path, sha256), adapter)
 
-    def replace_adapter(
-        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
-    ) -> None:
+    def replace_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
         """New weights under a served name: requests that have started finish on the old version (set aside under an
         alias until they end), the others and every new one get these. The prefix cache keys on content, so no
         block of the old version is found for the new one. Raises UnknownAdapterError."""
@@ -160,7 +155,7 @@ class LLMEngine:
             if request.adapter == name and request.first_scheduled_time is not None:
                 request.adapter = alias
         self.mixes.retire_mixing(name)
-        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
+        self.adapters.register(name, AdapterSource(path, sha256), adapter)
         self._forget_retired_adapters()
 
     def remove_adapter(self, name: str) -> None:

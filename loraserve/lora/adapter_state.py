@@ -60,7 +60,6 @@ class AdapterSource:
 class AdapterRecord:
     name: str
     source: AdapterSource
-    served_as: object = None  # what the server serves it as (the registry's record); the engine never reads it
     state: AdapterState = AdapterState.REGISTERED
     draining: bool = False  # removed: no new requests; it goes once its running and queued ones end
     failure: str | None = None  # why it is FAILED

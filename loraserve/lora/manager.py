@@ -74,9 +74,7 @@ class AdapterManager:
         self._worker = threading.Thread(target=self._work, name="loraserve-adapter-loader", daemon=True)
         self._worker.start()
 
-    def register(
-        self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None, served_as: object = None
-    ) -> None:
+    def register(self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None) -> None:
         """Offer an adapter; `adapter` when it was just read (an upload) goes straight to the host cache."""
         if self.slots.num_slots == 0:
             raise AdapterError("max_loras", "LoRA is disabled (max_loras=0); start with at least one adapter slot")
@@ -85,17 +83,11 @@ class AdapterManager:
                 if self._records[name].draining:
                     raise AdapterRetiringError(name)
                 raise AdapterError("name", f"adapter {name!r} is already loaded")
-            record = AdapterRecord(name, source, served_as)
+            record = AdapterRecord(name, source)
             if adapter is not None:
                 self._remember(record, adapter)
                 record.state = S.ON_HOST
             self._records[name] = record
-
-    def describe(self, name: str, served_as: object) -> None:
-        """Replace what the server serves the adapter as (its registry record changed)."""
-        with self._lock:
-            if name in self._records:
-                self._records[name].served_as = served_as
 
     def drain(self, name: str) -> None:
         """No new requests for the adapter; the engine unregisters it once its last one ends."""

@@ -33,6 +33,7 @@ from loraserve.errors import EngineDeadError
 from loraserve.lora.adapter import LoraAdapter
 from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.mix_spec import MixSpec
+from loraserve.lora.residency import Residency
 from loraserve.models.dtypes import dtype_name
 from loraserve.openmp import keep_serial
 
@@ -119,10 +120,10 @@ class AsyncLLMEngine:
     def is_pinned(self, name: str) -> bool:
         return (record := self.engine.adapters.record(name)) is not None and record.pinned
 
-    def residency(self, name: str) -> tuple[str, bool]:
-        """Where the adapter's weights are ("device", "host" or "disk"), and whether they are pinned there."""
+    def residency(self, name: str) -> tuple[Residency, bool]:
+        """Where the adapter's weights are, and whether they are pinned there (on the device)."""
         where, record = self.engine.adapters.residency(name), self.engine.adapters.record(name)
-        return where, where == "device" and record is not None and record.pinned
+        return where, where is Residency.DEVICE and record is not None and record.pinned
 
     def shutdown(self) -> None:
         with self._calls_guard:

@@ -44,7 +44,7 @@ from loraserve.engine.speculative import NgramProposer, SpeculationStats, accept
 from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.lora.adapter_state import AdapterRecord, AdapterState
-from loraserve.lora.residency import Residency
+from loraserve.lora.residency import Acquired
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ WATERMARK_FRACTION = 0.01
 class AdapterResidency(Protocol):
     """What the scheduler needs from the adapter manager."""
 
-    def acquire(self, name: str) -> Residency: ...  # READY counts one more running sequence
+    def acquire(self, name: str) -> Acquired: ...  # ON_DEVICE counts one more running sequence
 
     def release(self, name: str) -> None: ...
 
@@ -211,14 +211,14 @@ class Scheduler:
             # sequence cannot evict it (idle adapters give their pages to KV).
             if adapter == self._draining:
                 return 0
-            residency = self.adapters.acquire(adapter)
-            if residency is Residency.FAILED:
+            acquired = self.adapters.acquire(adapter)
+            if acquired is Acquired.FAILED:
                 reason = self._record(adapter).failure or "it could not be loaded"
                 self._failing[seq.request] = RequestError(ADAPTER_UNAVAILABLE, reason)
                 return 0
-            if residency is Residency.NO_SLOT and self._draining is None:
+            if acquired is Acquired.NO_SLOT and self._draining is None:
                 self._draining = self.adapters.drain_candidate()
-            if residency is not Residency.READY:
+            if acquired is not Acquired.ON_DEVICE:
                 return 0
         try:
             if adapter is not None:

@@ -25,7 +25,7 @@ from loraserve.errors import AdapterError, AdapterRetiringError, UnknownAdapterE
 from loraserve.lora.adapter import LoraAdapter
 from loraserve.lora.adapter_state import AdapterRecord, AdapterSource, AdapterState
 from loraserve.lora.host_cache import HostCache
-from loraserve.lora.residency import NO_ADAPTER, Residency
+from loraserve.lora.residency import NO_ADAPTER, Acquired, Residency
 from loraserve.lora.slots import AdapterSlots
 from loraserve.openmp import keep_serial
 
@@ -145,12 +145,12 @@ class AdapterManager:
         with self._lock:
             return list(self._draining)
 
-    def residency(self, name: str) -> str:
-        """Where the weights are: "device" (a slot), "host" (CPU memory) or "disk"."""
+    def residency(self, name: str) -> Residency:
+        """Where the weights are: a slot, the host cache (a LOADING adapter's may be) or only the files."""
         record = self._records.get(name)
         if record is not None and record.state is S.ON_DEVICE:
-            return "device"
-        return "host" if name in self.host else "disk"
+            return Residency.DEVICE
+        return Residency.HOST if name in self.host else Residency.DISK
 
     def prefetch(self, name: str) -> None:
         """A request for `name` was queued: read it from disk now unless it is in memory or on its way."""
@@ -160,16 +160,16 @@ class AdapterManager:
                 self._move(record, S.READING)
                 self._enqueue(record)
 
-    def acquire(self, name: str) -> Residency:
-        """Called by the scheduler per sequence it would admit; READY counts one more running sequence."""
+    def acquire(self, name: str) -> Acquired:
+        """Called by the scheduler per sequence it would admit; ON_DEVICE counts one more running sequence."""
         with self._lock:
             record = self._records[name]
             if record.state is S.ON_DEVICE:
                 record.running += 1
                 record.last_used = next(self._clock)
-                return Residency.READY
+                return Acquired.ON_DEVICE
             if record.state in (S.FAILED, S.LOADING):
-                return Residency.FAILED if record.state is S.FAILED else Residency.LOADING
+                return Acquired.FAILED if record.state is S.FAILED else Acquired.LOADING
             return self._start_load(record)
 
     def pages_of(self, name: str) -> int:
@@ -221,16 +221,16 @@ class AdapterManager:
         with self._loaded:
             return self._loaded.wait_for(lambda: not self._pending, timeout)
 
-    def _start_load(self, record: AdapterRecord) -> Residency:
+    def _start_load(self, record: AdapterRecord) -> Acquired:
         """Reserve room and queue the copy; or, size unknown, queue the read that reserves after it."""
         queued = record.state is S.READING  # a prefetch's read is on its way: it loads on
         if record.pages_needed is None:
             self._move(record, S.LOADING)
         elif not self._reserve(record):
-            return Residency.NO_SLOT
+            return Acquired.NO_SLOT
         if not queued:
             self._enqueue(record)
-        return Residency.LOADING
+        return Acquired.LOADING
 
     def _reserve(self, record: AdapterRecord, evict: bool = True) -> bool:
         """A slot and the adapter's pages, evicting idle adapters (least recently used first) for them."""

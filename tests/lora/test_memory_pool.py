@@ -12,7 +12,7 @@ from loraserve.engine.block_manager import BlockManager
 from loraserve.errors import ConfigError
 from loraserve.lora.adapter import PROJECTIONS, LoraWeights, projection_shapes
 from loraserve.lora.manager import AdapterSource
-from loraserve.lora.residency import Residency
+from loraserve.lora.residency import Acquired
 from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
 from loraserve.memory.pool import MemoryPool
@@ -24,7 +24,7 @@ from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, TINY_SPEC, register_tiny, 
 
 def load(manager, name: str) -> None:
     for _ in range(3):
-        if manager.acquire(name) is Residency.READY:
+        if manager.acquire(name) is Acquired.ON_DEVICE:
             return
         assert manager.wait_idle()
     raise AssertionError(f"{name} did not load")
@@ -130,8 +130,8 @@ def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_w
     assert manager.residency("a") == "host" and manager.stats.evictions == 1
     blocks.allocate(longer, 4)
     register_tiny(manager, "b", seed=2)
-    assert manager.acquire("b") is Residency.LOADING and manager.wait_idle()
-    assert manager.acquire("b") is Residency.NO_SLOT, "every page holds KV of running sequences"
+    assert manager.acquire("b") is Acquired.LOADING and manager.wait_idle()
+    assert manager.acquire("b") is Acquired.NO_SLOT, "every page holds KV of running sequences"
     blocks.free(seq)
     load(manager, "b")
     assert manager.slots.pool.pages.num_used(PageUse.KV) == 1 and manager.pages_of("b") == 1

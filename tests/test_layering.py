@@ -147,7 +147,7 @@ PLATFORMS = ("models/cpu/", "models/cuda/", "models/platform.py")
 OUTSIDE_THE_PLATFORMS = {  # each with the reason it reaches CUDA or a compiled kernel itself
     "lora/backends.py": "the LoRA backend is the kernels' own seam, chosen once; Triton's side stream in a capture",
     "lora/slots.py": "an adapter's weights are copied on a CUDA side stream",
-    "lora/memory_pool.py": "the pool is sized from the device's free memory",
+    "memory/pool.py": "the pool is sized from the device's free memory",
 }
 
 

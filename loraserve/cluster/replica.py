@@ -53,7 +53,7 @@ class EngineReplica:
         await self.ledger.join.remote(self.replica_id, self.places)
 
         async def start_reading(adapter: str) -> str:  # a function: Serve keeps its LRU as an attribute of it
-            if self.engine.served_as(adapter) is None:  # uploaded a moment ago, its registry note still on its way
+            if not self.state.catalog.serves(adapter):  # uploaded a moment ago, its registry note still on its way
                 with contextlib.suppress(Exception):  # the registry down: the request answers for itself
                     await self.state.catalog.sync(adapter)
             self.engine.prefetch(adapter)  # its slot comes with its first step; Serve now routes its requests here

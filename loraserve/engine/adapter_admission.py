@@ -12,13 +12,13 @@ from typing import Protocol
 
 from loraserve.engine.sequence import Sequence
 from loraserve.lora.adapter_state import AdapterRecord, AdapterState
-from loraserve.lora.residency import Residency
+from loraserve.lora.residency import Acquired
 
 
 class AdapterResidency(Protocol):
     """What the scheduler needs from the adapter manager."""
 
-    def acquire(self, name: str) -> Residency: ...  # READY counts one more running sequence
+    def acquire(self, name: str) -> Acquired: ...  # ON_DEVICE counts one more running sequence
 
     def release(self, name: str) -> None: ...
 
@@ -34,25 +34,25 @@ class AdapterAdmission:
     adapters: AdapterResidency
     draining: str | None = None  # admits no new sequence until drained
 
-    def acquire(self, seq: Sequence) -> Residency:
+    def acquire(self, seq: Sequence) -> Acquired:
         """May `seq` join with its adapter? READY: the adapter is in a slot, held for one more running sequence,
         and `seq` bound to its slot and content hash; otherwise `seq` waits (FAILED: it ends). The first NO_SLOT
         picks the adapter to drain, which itself answers NO_SLOT until drained."""
         adapter = seq.request.adapter
         assert adapter is not None, "the base model needs no slot"
         if adapter == self.draining:
-            return Residency.NO_SLOT
-        residency = self.adapters.acquire(adapter)
-        if residency is Residency.NO_SLOT and self.draining is None:
+            return Acquired.NO_SLOT
+        acquired = self.adapters.acquire(adapter)
+        if acquired is Acquired.NO_SLOT and self.draining is None:
             self.draining = self.adapters.drain_candidate()
-        if residency is Residency.READY:
+        if acquired is Acquired.ON_DEVICE:
             try:
                 record = self.record(adapter)
             except BaseException:
                 self.adapters.release(adapter)  # undo the half-done admission
                 raise
             seq.cache_salt, seq.lora_slot = record.content_hash.encode(), record.slot
-        return residency
+        return acquired
 
     def fork(self, child: Sequence) -> None:
         """A sibling forked off a running sequence holds its adapter too (resident: the parent runs with it)."""

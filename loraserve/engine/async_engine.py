@@ -33,6 +33,7 @@ from loraserve.errors import EngineDeadError
 from loraserve.lora.adapter import LoraAdapter
 from loraserve.lora.adapter_config import AdapterConfig
 from loraserve.lora.mix_spec import MixSpec
+from loraserve.lora.residency import Residency
 from loraserve.models.dtypes import dtype_name
 from loraserve.openmp import keep_serial
 
@@ -95,23 +96,8 @@ class AsyncLLMEngine:
         """Check a PEFT directory in the sandbox only (stored files not checked yet); raises AdapterError."""
         return self.engine.check_adapter(path)
 
-    def register_adapter(
-        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
-    ) -> None:
-        self.engine.register_adapter(name, path, sha256, adapter, served_as)
-
-    def served_as(self, name: str) -> object | None:
-        """What `register_adapter` was given for the adapter; None once it is removed or was never added."""
-        record = self.engine.adapters.record(name)
-        return None if record is None or record.draining else record.served_as
-
-    def served(self) -> list[object]:
-        """`served_as` of every adapter not removed, in registration order."""
-        records = self.engine.adapters.records()
-        return [r.served_as for r in records if not r.draining and r.source.mix is None]
-
-    def describe_adapter(self, name: str, served_as: object) -> None:
-        self.engine.adapters.describe(name, served_as)
+    def register_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
+        self.engine.register_adapter(name, path, sha256, adapter)
 
     async def mix_adapters(self, spec: MixSpec) -> str:
         """The adapter name serving this mix; made off the engine thread, registered between two steps."""
@@ -134,10 +120,10 @@ class AsyncLLMEngine:
     def is_pinned(self, name: str) -> bool:
         return (record := self.engine.adapters.record(name)) is not None and record.pinned
 
-    def residency(self, name: str) -> tuple[str, bool]:
-        """Where the adapter's weights are ("device", "host" or "disk"), and whether they are pinned there."""
+    def residency(self, name: str) -> tuple[Residency, bool]:
+        """Where the adapter's weights are, and whether they are pinned there (on the device)."""
         where, record = self.engine.adapters.residency(name), self.engine.adapters.record(name)
-        return where, where == "device" and record is not None and record.pinned
+        return where, where is Residency.DEVICE and record is not None and record.pinned
 
     def shutdown(self) -> None:
         with self._calls_guard:

@@ -1,8 +1,8 @@
 """Paged KV cache bookkeeping: fixed-size blocks, reference counts, copy-on-write, prefix caching.
 
-A block is a page of the memory pool (page_allocator.py), whose free list KV blocks share
-with adapter weights. Plain Python: the model runner owns the tensors, this owns which
-block holds what. It is the only code that changes a sequence's `block_table`.
+A block is a page of the memory pool (memory/), whose free list KV blocks share with adapter weights,
+a cache of idle ones that `make_room` evicts (`can_allocate` only asks). Plain Python: the pool owns
+the tensors, this owns which block holds what. It is the only code that changes a sequence's `block_table`.
 
 With prefix caching, every full block a sequence has computed is published under its key
 (prefix_cache.py) and stays findable after its last user frees it, until its page is
@@ -60,12 +60,15 @@ class BlockManager:
         return new + (1 if self._shared_block_to_write(seq) is not None else 0)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, reserve: int = 0) -> bool:
-        """True when the blocks for `num_new_tokens` fit, leaving `reserve` blocks free; idle adapters
-        are evicted for the room if that is what it takes."""
-        needed = self.num_blocks_needed(seq, num_new_tokens) + reserve
-        if needed > self.pages.num_free and self._reclaim is not None:
-            self._reclaim(needed - self.pages.num_free)
-        return needed <= self.pages.num_free
+        """True when the blocks for `num_new_tokens` fit, leaving `reserve` blocks free."""
+        return self.num_blocks_needed(seq, num_new_tokens) + reserve <= self.pages.num_free
+
+    def make_room(self, seq: Sequence, num_new_tokens: int, reserve: int = 0) -> bool:
+        """Evict idle adapters if that is what it takes for `can_allocate`; returns `can_allocate`."""
+        short = self.num_blocks_needed(seq, num_new_tokens) + reserve - self.pages.num_free
+        if short > 0 and self._reclaim is not None:
+            self._reclaim(short)
+        return self.can_allocate(seq, num_new_tokens, reserve)
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> list[BlockCopy]:
         """Give `seq` the blocks its next tokens are written to; returns copy-on-write copies to do."""

@@ -41,7 +41,7 @@ class DraftBudget:
         )
         costs = self.costs.token_and_draft_seconds(num_running)
         proposed = valid_drafts(seq, self.proposer.propose(seq, room, *costs) if room > 0 else [])
-        if proposed and not self.block_manager.can_allocate(seq, 1 + len(proposed)):
+        if proposed and not self.block_manager.make_room(seq, 1 + len(proposed)):
             return []
         return proposed
 

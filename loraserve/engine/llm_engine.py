@@ -34,7 +34,9 @@ from loraserve.lora.adapter_state import AdapterSource, AdapterState
 from loraserve.lora.dora import with_dora_scales
 from loraserve.lora.manager import AdapterManager
 from loraserve.lora.mix_spec import MixSpec
+from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
+from loraserve.memory.pool import MemoryPool, pool_pages
 from loraserve.models import LoadedModel, load_model
 from loraserve.models.dtypes import largest_finite
 from loraserve.models.platform import GraphSettings
@@ -52,16 +54,20 @@ class LLMEngine:
         self.max_model_len = min(config.scheduler.max_model_len or model_window, model_window)
         max_num_seqs = config.scheduler.max_num_seqs
         graphs = None if config.model.enforce_eager else GraphSettings(max_num_seqs, self.max_model_len)
+        spec, dtype, device = self.loaded.model.spec, self.loaded.dtype, self.loaded.device
+        num_pages = pool_pages(config.cache, spec, dtype, device)
+        self.pool = MemoryPool(spec, config.cache.block_size, num_pages, dtype, device)
+        slots = AdapterSlots(spec, config.lora.max_loras, config.lora.max_lora_rank, self.pool)
         self.model_runner = ModelRunner(
-            self.loaded, config.cache, config.lora, seed=config.seed, cache_dir=config.model.cache_dir, graphs=graphs
+            self.loaded, self.pool, slots, seed=config.seed, cache_dir=config.model.cache_dir, graphs=graphs
         )
         self.stop_checker = StopChecker(self.tokenizer, self.loaded.eos_token_ids, self.max_model_len)
         self.max_prompt_chars = self.max_model_len * max(map(len, self.tokenizer.get_vocab()))
-        self.adapters = AdapterManager(self.model_runner.adapter_slots, self.read_source, config.lora.host_cache_bytes)
+        self.adapters = AdapterManager(slots, self.read_source, config.lora.host_cache_bytes)
         self.mixes = Mixes(self.adapters, config.lora)
         self.block_manager = BlockManager(
-            self.model_runner.pool.pages, config.cache.block_size, config.cache.prefix_caching,
-            reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV
+            self.pool.pages, config.cache.block_size, config.cache.prefix_caching,
+            reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV (make_room)
         )  # fmt: skip
         speculation = config.speculation
         proposer = None
@@ -135,18 +141,13 @@ class LLMEngine:
         self.register_adapter(name, Path(path), adapter.sha256, adapter)
         return adapter
 
-    def register_adapter(
-        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
-    ) -> None:
-        """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`);
-        `served_as` rides along in its record for the server."""
+    def register_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
+        """Serve a stored adapter, read from `path` only when a request needs it (or now: `adapter`)."""
         if not name or "/" in name or name == self.loaded.name:
             raise AdapterError("name", f"{name!r} is not a valid adapter name")
-        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
+        self.adapters.register(name, AdapterSource(path, sha256), adapter)
 
-    def replace_adapter(
-        self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None, served_as: object = None
-    ) -> None:
+    def replace_adapter(self, name: str, path: Path, sha256: str | None, adapter: LoraAdapter | None = None) -> None:
         """New weights under a served name: requests that have started finish on the old version (set aside under an
         alias until they end), the others and every new one get these. The prefix cache keys on content, so no
         block of the old version is found for the new one. Raises UnknownAdapterError."""
@@ -155,7 +156,7 @@ class LLMEngine:
             if request.adapter == name and request.first_scheduled_time is not None:
                 request.adapter = alias
         self.mixes.retire_mixing(name)
-        self.adapters.register(name, AdapterSource(path, sha256), adapter, served_as)
+        self.adapters.register(name, AdapterSource(path, sha256), adapter)
         self._forget_retired_adapters()
 
     def remove_adapter(self, name: str) -> None:
@@ -242,7 +243,7 @@ class LLMEngine:
             for r in sorted(records, key=lambda r: r.slot)
             if r.state is AdapterState.ON_DEVICE
         ]
-        pool = self.model_runner.pool
+        pool = self.pool
         kv_pages, adapter_pages = pool.pages.num_used(PageUse.KV), pool.pages.num_used(PageUse.ADAPTER)
         kv_capacity = pool.num_pages - adapter_pages  # idle adapters would still be evicted for KV
         return EngineStats(
@@ -253,7 +254,7 @@ class LLMEngine:
             free_pages=pool.num_pages - kv_pages - adapter_pages,
             kv_capacity_pages=kv_capacity,
             block_size=self.block_manager.block_size,
-            adapter_slots_total=self.model_runner.adapter_slots.num_slots,
+            adapter_slots_total=adapters.slots.num_slots,
             adapter_slots_used=len(device),
             device_adapters=device,
             host_adapters=[r.name for r in records if r.state is AdapterState.ON_HOST],

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loraserve.config import CacheConfig, LoraConfig
 from loraserve.engine.batch import ScheduledBatch, ScheduledSequence, StepOutput
 from loraserve.engine.block_manager import BlockCopy
 from loraserve.engine.faults import FaultInjector
@@ -22,9 +21,9 @@ from loraserve.engine.sampler import Sampler
 from loraserve.engine.token_masks import TokenMasks
 from loraserve.lora.backends import choose_backend
 from loraserve.lora.batch import LoraBatch
-from loraserve.lora.memory_pool import MemoryPool, pool_pages
 from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
+from loraserve.memory.pool import MemoryPool
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata
 from loraserve.models.platform import DecodeRows, GraphSettings, StepPlan
@@ -42,26 +41,22 @@ class ModelInputs:
 
 
 class ModelRunner:
-    """Owns the model, the memory pool (KV blocks and adapter weights), the adapter slots and the sampler."""
+    """Owns the model and the sampler; runs steps on the engine's memory pool and adapter slots."""
 
     def __init__(
         self,
         loaded: LoadedModel,
-        cache_config: CacheConfig,
-        lora_config: LoraConfig,
+        pool: MemoryPool,
+        adapter_slots: AdapterSlots,
         seed: int,
         cache_dir: Path,
         graphs: GraphSettings | None = None,
     ) -> None:
         self.model, self.device, self.dtype = loaded.model, loaded.device, loaded.dtype
-        self.block_size = cache_config.block_size
-        spec = self.model.spec
-        num_pages = pool_pages(cache_config, spec, self.dtype, self.device)
-        self.pool = MemoryPool(spec, self.block_size, num_pages, self.dtype, self.device)
+        self.pool, self.adapter_slots, self.block_size = pool, adapter_slots, pool.block_size
         self.sampler = Sampler(seed, self.device)
-        self.token_masks = TokenMasks(spec.vocab_size, loaded.eos_token_ids)
+        self.token_masks = TokenMasks(self.model.spec.vocab_size, loaded.eos_token_ids)
         self.faults = FaultInjector()
-        self.adapter_slots = AdapterSlots(spec, lora_config.max_loras, lora_config.max_lora_rank, self.pool)
         self.lora_backend = choose_backend(self.device, self.dtype, cache_dir / "kernels")
         platform = loaded.platform
         self.decode_kernel = platform.decode_attention(self.dtype)

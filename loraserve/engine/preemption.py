@@ -25,9 +25,9 @@ def block_victims(
 ) -> Iterator[Sequence]:
     """The sequences to preempt, one at a time, until `seq` can have the blocks for `num_new` tokens: the newest
     of `queue` (taken off it), then `seq` itself. Preempt each before asking for the next: that frees its blocks."""
-    while not block_manager.can_allocate(seq, num_new) and queue:
+    while not block_manager.make_room(seq, num_new) and queue:
         yield queue.pop()
-    if not block_manager.can_allocate(seq, num_new):
+    if not block_manager.make_room(seq, num_new):
         yield seq
 
 

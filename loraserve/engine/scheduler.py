@@ -32,7 +32,7 @@ from loraserve.engine.speculative import NgramProposer, SpeculationStats
 from loraserve.engine.step_costs import StepCosts
 from loraserve.engine.stop_checker import StopChecker
 from loraserve.engine.token_recorder import TokenRecorder
-from loraserve.lora.residency import Residency
+from loraserve.lora.residency import Acquired
 
 logger = logging.getLogger(__name__)
 
@@ -157,15 +157,15 @@ class Scheduler:
         if seq.request.adapter is not None:
             # The adapter first: once acquired it is busy, so finding KV room for this very
             # sequence cannot evict it (idle adapters give their pages to KV).
-            residency = self.adapter_admission.acquire(seq)
-            if residency is Residency.FAILED:
+            acquired = self.adapter_admission.acquire(seq)
+            if acquired is Acquired.FAILED:
                 self._failing[seq.request] = RequestError(ADAPTER_UNAVAILABLE, self.adapter_admission.failure(seq))
-            if residency is not Residency.READY:
+            if acquired is not Acquired.ON_DEVICE:
                 return 0
         try:
             seq.num_computed_tokens = self.block_manager.attach_cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate(seq, num_new, reserve=self._watermark):
+            if not self.block_manager.make_room(seq, num_new, reserve=self._watermark):
                 self._release(seq)
                 return None
             copies += self.block_manager.allocate(seq, num_new)

@@ -9,7 +9,11 @@
 Any state -> DELETED (unregistered; the record leaves the table). `draining` is a flag over
 these states, not one of them: a removed adapter's queued requests may still need it
 loaded, so it keeps moving between tiers until its last request ends. Everything the
-engine and the server know about one adapter is in its record; the manager's lock guards it.
+engine knows about one adapter is in its record (the server keeps its own data); the
+manager's lock guards it.
+
+Outside the engine: `acquire` answers in these words (or NO_SLOT), the API's `residency` is DEVICE, HOST
+or DISK (residency.py); the registry keeps only ready or failed (AdapterStatus), set by AdapterCatalog.mark_failed.
 """
 
 from __future__ import annotations
@@ -60,7 +64,6 @@ class AdapterSource:
 class AdapterRecord:
     name: str
     source: AdapterSource
-    served_as: object = None  # what the server serves it as (the registry's record); the engine never reads it
     state: AdapterState = AdapterState.REGISTERED
     draining: bool = False  # removed: no new requests; it goes once its running and queued ones end
     failure: str | None = None  # why it is FAILED

@@ -25,7 +25,7 @@ from loraserve.errors import AdapterError, AdapterRetiringError, UnknownAdapterE
 from loraserve.lora.adapter import LoraAdapter
 from loraserve.lora.adapter_state import AdapterRecord, AdapterSource, AdapterState
 from loraserve.lora.host_cache import HostCache
-from loraserve.lora.residency import NO_ADAPTER, Residency
+from loraserve.lora.residency import NO_ADAPTER, Acquired, Residency
 from loraserve.lora.slots import AdapterSlots
 from loraserve.openmp import keep_serial
 
@@ -74,9 +74,7 @@ class AdapterManager:
         self._worker = threading.Thread(target=self._work, name="loraserve-adapter-loader", daemon=True)
         self._worker.start()
 
-    def register(
-        self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None, served_as: object = None
-    ) -> None:
+    def register(self, name: str, source: AdapterSource, adapter: LoraAdapter | None = None) -> None:
         """Offer an adapter; `adapter` when it was just read (an upload) goes straight to the host cache."""
         if self.slots.num_slots == 0:
             raise AdapterError("max_loras", "LoRA is disabled (max_loras=0); start with at least one adapter slot")
@@ -85,17 +83,11 @@ class AdapterManager:
                 if self._records[name].draining:
                     raise AdapterRetiringError(name)
                 raise AdapterError("name", f"adapter {name!r} is already loaded")
-            record = AdapterRecord(name, source, served_as)
+            record = AdapterRecord(name, source)
             if adapter is not None:
                 self._remember(record, adapter)
                 record.state = S.ON_HOST
             self._records[name] = record
-
-    def describe(self, name: str, served_as: object) -> None:
-        """Replace what the server serves the adapter as (its registry record changed)."""
-        with self._lock:
-            if name in self._records:
-                self._records[name].served_as = served_as
 
     def drain(self, name: str) -> None:
         """No new requests for the adapter; the engine unregisters it once its last one ends."""
@@ -153,12 +145,12 @@ class AdapterManager:
         with self._lock:
             return list(self._draining)
 
-    def residency(self, name: str) -> str:
-        """Where the weights are: "device" (a slot), "host" (CPU memory) or "disk"."""
+    def residency(self, name: str) -> Residency:
+        """Where the weights are: a slot, the host cache (a LOADING adapter's may be) or only the files."""
         record = self._records.get(name)
         if record is not None and record.state is S.ON_DEVICE:
-            return "device"
-        return "host" if name in self.host else "disk"
+            return Residency.DEVICE
+        return Residency.HOST if name in self.host else Residency.DISK
 
     def prefetch(self, name: str) -> None:
         """A request for `name` was queued: read it from disk now unless it is in memory or on its way."""
@@ -168,16 +160,16 @@ class AdapterManager:
                 self._move(record, S.READING)
                 self._enqueue(record)
 
-    def acquire(self, name: str) -> Residency:
-        """Called by the scheduler per sequence it would admit; READY counts one more running sequence."""
+    def acquire(self, name: str) -> Acquired:
+        """Called by the scheduler per sequence it would admit; ON_DEVICE counts one more running sequence."""
         with self._lock:
             record = self._records[name]
             if record.state is S.ON_DEVICE:
                 record.running += 1
                 record.last_used = next(self._clock)
-                return Residency.READY
+                return Acquired.ON_DEVICE
             if record.state in (S.FAILED, S.LOADING):
-                return Residency.FAILED if record.state is S.FAILED else Residency.LOADING
+                return Acquired.FAILED if record.state is S.FAILED else Acquired.LOADING
             return self._start_load(record)
 
     def pages_of(self, name: str) -> int:
@@ -229,28 +221,23 @@ class AdapterManager:
         with self._loaded:
             return self._loaded.wait_for(lambda: not self._pending, timeout)
 
-    def _start_load(self, record: AdapterRecord) -> Residency:
+    def _start_load(self, record: AdapterRecord) -> Acquired:
         """Reserve room and queue the copy; or, size unknown, queue the read that reserves after it."""
         queued = record.state is S.READING  # a prefetch's read is on its way: it loads on
         if record.pages_needed is None:
             self._move(record, S.LOADING)
         elif not self._reserve(record):
-            return Residency.NO_SLOT
+            return Acquired.NO_SLOT
         if not queued:
             self._enqueue(record)
-        return Residency.LOADING
+        return Acquired.LOADING
 
     def _reserve(self, record: AdapterRecord, evict: bool = True) -> bool:
         """A slot and the adapter's pages, evicting idle adapters (least recently used first) for them."""
         assert record.pages_needed is not None, "reserved before its size was known"
-        need, pages = record.pages_needed, self.slots.pool.pages
-        idle = self._idle() if evict else []
-        reachable = pages.num_free + sum(self.slots.pages_of(r.slot) for r in idle)
-        if reachable < need or (self.slots.num_free == 0 and not idle):
-            return False  # evicting would not make room: keep what is resident
-        while (self.slots.num_free == 0 or pages.num_free < need) and idle:
-            self._evict(idle.pop(0))
-        slot = self.slots.reserve(need)
+        if not self._make_room(self._idle() if evict else [], record.pages_needed, need_slot=True):
+            return False
+        slot = self.slots.reserve(record.pages_needed)
         if slot is None:
             return False
         record.slot = slot
@@ -259,18 +246,19 @@ class AdapterManager:
         return True
 
     def reclaim_pages(self, count: int) -> None:
-        """The KV side is `count` pages short: evict idle adapters, least recently used first; none when
-        all of them together would not free enough."""
+        """The KV side is `count` pages short: evict idle adapters, least recently used first."""
         with self._lock:
-            idle = self._idle()
-            if sum(self.slots.pages_of(r.slot) for r in idle) < count:
-                return
-            freed = 0
-            for record in idle:
-                if freed >= count:
-                    break
-                freed += self.slots.pages_of(record.slot)
-                self._evict(record)
+            self._make_room(self._idle(), self.slots.pool.pages.num_free + count, need_slot=False)
+
+    def _make_room(self, idle: list[AdapterRecord], num_pages: int, need_slot: bool) -> bool:
+        """Evict `idle` in order until `num_pages` pages (and a slot if `need_slot`) are free; False if it cannot."""
+        pages, slots = self.slots.pool.pages, self.slots
+        reachable = pages.num_free + sum(slots.pages_of(r.slot) for r in idle)
+        if reachable < num_pages or (need_slot and slots.num_free == 0 and not idle):
+            return False  # evicting would not make room: keep what is resident, evict none
+        while ((need_slot and slots.num_free == 0) or pages.num_free < num_pages) and idle:
+            self._evict(idle.pop(0))
+        return True
 
     def _idle(self) -> list[AdapterRecord]:
         """Resident adapters no sequence runs with and nobody pinned, least recently used first."""

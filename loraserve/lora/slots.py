@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from loraserve.errors import ConfigError
 from loraserve.lora.adapter import PROJECTIONS, LoraAdapter, projection_shapes
-from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.stacked import StackedLora
 from loraserve.memory.page_allocator import PageUse
+from loraserve.memory.pool import MemoryPool
 from loraserve.models.llama import LlamaSpec
 from sgmv_kernels import PooledLora
 from sgmv_kernels.layout import row_alignment
@@ -97,6 +98,13 @@ class AdapterSlots:
     def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, pool: MemoryPool) -> None:
         self.num_slots, self.max_rank, self.pool = num_slots, max_rank, pool
         self.shapes = projection_shapes(spec)  # projection -> (in_features, out_features)
+        widths = [width for shape in self.shapes.values() for width in shape]
+        if (widest_row := max(widths)) > pool.slab_elems:  # rows are never split across slabs (see pack)
+            raise ConfigError(
+                "--block-size",
+                f"a block of {pool.block_size} tokens holds {pool.slab_elems} elements per layer, less than one "
+                f"adapter row of {widest_row}; use at least {-(-widest_row // (spec.num_kv_heads * spec.head_dim))}",
+            )
         shape = (spec.num_layers, len(PROJECTIONS), num_slots)
         device = pool.buffer.device
         # Row tables [layers, projections, slots, max_rank] and per-slot ranks and scales.
@@ -120,7 +128,6 @@ class AdapterSlots:
         self.dense_dora: DenseDoraScales | None = None  # the CPU's DoRA scales of the running adapters
         self._groups: dict[tuple[int, tuple[str, ...]], ProjectionGroup] = {}
         # A row starts at a slab's start plus whole rows, or at the zero tail (see pack).
-        widths = [width for shape in self.shapes.values() for width in shape]
         self.row_alignment = row_alignment(pool.slab_elems, pool.zero_offset, *widths)
 
     def stacked(self, slots: list[int]) -> StackedLora:

@@ -3,8 +3,8 @@
 Every change goes registry first, engine second, and is undone in the registry when the engine refuses it, so a restart
 always sees what was served. Changes to one name are serialized (an upload and a delete of it cannot interleave); a
 change once started goes on when its client stops waiting for a hung database, and is applied, or fails, whole once the
-database answers. Request-path reads (name -> record, for routing and personas) come from the engine's adapter records
-(adapter_state.py), which carry the registry's record: one copy, no second map to keep in step. Usage counts gather in
+database answers. Request-path reads (name -> record, for routing and personas) come from the catalog's own map, set
+on the event loop as soon as the engine took each change (the engine keeps no server data). Usage counts gather in
 memory and reach the database in the background, only through RegistryCalls, never on a thread inference needs.
 """
 
@@ -17,7 +17,7 @@ import threading
 import weakref
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from loraserve.crash_points import crash_point
 from loraserve.engine.async_engine import AsyncLLMEngine
@@ -55,6 +55,7 @@ class AdapterCatalog:
         self.base_model = engine.model_name
         self.usage = UsageBuffer()  # finished requests' counts, for the next flush
         self.checks = StoredChecks(registry, calls, engine)  # stored files no check has recorded
+        self._served: dict[str, AdapterInfo] = {}  # name -> the registry's record the engine serves it as
         self._name_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._changes: set[asyncio.Task[object]] = set()  # referenced until done, or they may vanish
 
@@ -65,14 +66,14 @@ class AdapterCatalog:
         report = check_registry(self.registry, repair=True, min_orphan_age=min_orphan_age)
         waiting = self.checks.load()
         for info in report.adapters:
-            if info.status != "ready":
+            if info.status is not AdapterStatus.READY:
                 logger.warning("adapter %r not served: %s", info.name, info.status_reason)
                 continue
             if info.name in waiting:
                 continue
             # Read at its first request (the hash was just checked); thousands may be registered.
-            self.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256, served_as=info)
-            self._apply_pin(info)
+            self.engine.register_adapter(info.name, self.registry.files_of(info), info.sha256)
+            self._now_serving(info)
 
     def register_samples(self, directory: Path) -> None:
         """Register each PEFT directory under `directory` by its directory name (those not registered yet)."""
@@ -93,15 +94,18 @@ class AdapterCatalog:
     def get(self, name: str) -> AdapterInfo:
         """The ready adapter called `name`; AdapterUnavailableError (503) while its stored files are checked,
         UnknownAdapterError (404) otherwise."""
-        if (info := self.engine.served_as(name)) is not None:
-            return cast(AdapterInfo, info)
+        if (info := self._served.get(name)) is not None:
+            return info
         if self.checks.is_waiting(name):
             raise AdapterUnavailableError(f"adapter {name!r} is served once its stored files are checked: try again")
         raise UnknownAdapterError(name)
 
+    def serves(self, name: str) -> bool:
+        return name in self._served
+
     @property
     def ready(self) -> list[AdapterInfo]:
-        return sorted(cast(list[AdapterInfo], self.engine.served()), key=lambda info: info.name)
+        return sorted(self._served.values(), key=lambda info: info.name)
 
     async def records(self) -> list[AdapterInfo]:
         """Every registered adapter, from the database (with its counters)."""
@@ -128,10 +132,11 @@ class AdapterCatalog:
             )  # fmt: skip
             stored = await self.calls(f"verify the files of adapter {name!r}", self.registry.files_of, info, wait=True)
             try:
-                await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter, info))
+                await self.engine.call(lambda engine: engine.register_adapter(name, stored, info.sha256, adapter))
             except BaseException:
                 await self.calls(f"delete adapter {name!r}", self.registry.delete, name, wait=True)
                 raise
+            self._served[name] = info
             crash_point("upload.served")
             return info
 
@@ -181,18 +186,19 @@ class AdapterCatalog:
         """Serve the registry's current version of `info.name` here: in place of the one served (its started requests
         finish on it), or anew; `adapter` when just read, else read at its first request."""
         files = await self.calls(f"copy the files of adapter {info.name!r}", self.registry.files_of, info, wait=True)
-        if self.engine.served_as(info.name) is None:
-            await self.engine.call(lambda engine: engine.register_adapter(info.name, files, info.sha256, adapter, info))
+        if self.serves(info.name):
+            await self.engine.call(lambda engine: engine.replace_adapter(info.name, files, info.sha256, adapter))
         else:
-            await self.engine.call(lambda engine: engine.replace_adapter(info.name, files, info.sha256, adapter, info))
-        self._apply_pin(info)
+            await self.engine.call(lambda engine: engine.register_adapter(info.name, files, info.sha256, adapter))
+        self._now_serving(info)
 
     async def update(self, name: str, **changes: str | None) -> AdapterInfo:
         async def change() -> AdapterInfo:
             info = await self.calls(
                 f"update adapter {name!r}", lambda: self.registry.update(name, **changes), wait=True
             )
-            self.engine.describe_adapter(name, info)
+            if self.serves(name):
+                self._served[name] = info
             return info
 
         return await self._change(name, change())
@@ -231,6 +237,7 @@ class AdapterCatalog:
 
     async def _stop_serving(self, name: str) -> bool:
         """New requests for `name` get 404; the engine drains it. False if it was not served."""
+        self._served.pop(name, None)
         try:
             await self.engine.call(lambda engine: engine.remove_adapter(name))
         except UnknownAdapterError:
@@ -277,7 +284,7 @@ class AdapterCatalog:
 
         async def change() -> None:
             info = await self.record(name)  # read under the name's lock: no change of this server's overtakes it
-            served = cast(AdapterInfo | None, self.engine.served_as(name))
+            served = self._served.get(name)
             info = await self._checked(info, served)
             if info is None or info.status is not AdapterStatus.READY:
                 if served is not None:  # deleted or failed: its requests finish first
@@ -287,13 +294,12 @@ class AdapterCatalog:
                 await self._serve_version(info, None)  # finish on the version they began with
                 await self.calls("remove unused files", self.registry.remove_unused_files, served.sha256, wait=True)
             elif served is not None:
-                self.engine.describe_adapter(name, info)
-                self._apply_pin(info)
+                self._now_serving(info)
             else:  # new here: its files may first come from the database (Registry.files_in_database)
                 files = await self.calls(f"copy the files of adapter {name!r}", self.registry.files_of, info, wait=True)
                 with contextlib.suppress(AdapterRetiringError):  # its old version still drains: the next full look
-                    await self.engine.call(lambda engine: engine.register_adapter(name, files, info.sha256, None, info))
-                    self._apply_pin(info)
+                    await self.engine.call(lambda engine: engine.register_adapter(name, files, info.sha256))
+                    self._now_serving(info)
 
         await self._change(name, change())
 
@@ -309,7 +315,9 @@ class AdapterCatalog:
             return await self.calls(f"mark adapter {info.name!r} failed", mark_failed, info.name, problem, wait=True)
         return None
 
-    def _apply_pin(self, info: AdapterInfo) -> None:
+    def _now_serving(self, info: AdapterInfo) -> None:
+        """The engine serves `info.name` as `info` from now on: requests read it here; its pin is applied."""
+        self._served[info.name] = info
         if info.pinned == self.engine.is_pinned(info.name):
             return
         try:

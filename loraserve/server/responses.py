@@ -16,6 +16,7 @@ from openai.types import Completion, CompletionChoice
 from pydantic import BaseModel, Field, create_model
 
 from loraserve.engine.stats import EngineStats
+from loraserve.lora.residency import Residency
 from loraserve.registry import AdapterInfo, ApiKeyInfo
 from loraserve.registry.adapter_info import AdapterVersion
 
@@ -85,7 +86,7 @@ def record_json(record: Any, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(record).items() if k not in hidden}
 
 
-AdapterRecord = _from_dataclass("AdapterRecord", AdapterInfo, residency=(Literal["device", "host", "disk"], ...))
+AdapterRecord = _from_dataclass("AdapterRecord", AdapterInfo, residency=(Residency, ...))
 VersionRecord = _from_dataclass("VersionRecord", AdapterVersion)
 # GET /admin/adapters/{name}: the record and every version of its weights, oldest first.
 AdapterWithVersions = create_model(

@@ -7,7 +7,7 @@ from loraserve.engine.adapter_admission import AdapterAdmission
 from loraserve.engine.sampling_params import SamplingParams
 from loraserve.engine.sequence import Request, Sequence
 from loraserve.lora.manager import AdapterManager
-from loraserve.lora.residency import NO_ADAPTER, Residency
+from loraserve.lora.residency import NO_ADAPTER, Acquired
 from tests.lora.tiny_adapters import register_tiny, tiny_adapter_manager
 
 
@@ -16,13 +16,13 @@ def sequence_of(adapter: str) -> Sequence:
     return Sequence(0, request, 0, [1, 2, 3], num_prompt_tokens=3)
 
 
-def acquired(admission: AdapterAdmission, manager: AdapterManager, seq: Sequence) -> Residency:
+def acquired(admission: AdapterAdmission, manager: AdapterManager, seq: Sequence) -> Acquired:
     """What `seq` gets once its adapter is read and, if it has a slot, loaded (until then: LOADING)."""
-    residency = admission.acquire(seq)
-    while residency is Residency.LOADING:
+    answer = admission.acquire(seq)
+    while answer is Acquired.LOADING:
         assert manager.wait_idle()
-        residency = admission.acquire(seq)
-    return residency
+        answer = admission.acquire(seq)
+    return answer
 
 
 def test_a_hot_adapter_drains_for_a_cold_one_and_admits_nothing_new_meanwhile():
@@ -31,16 +31,16 @@ def test_a_hot_adapter_drains_for_a_cold_one_and_admits_nothing_new_meanwhile():
     register_tiny(manager, "cold", seed=1)
     admission = AdapterAdmission(manager)
     running = sequence_of("hot")
-    assert acquired(admission, manager, running) is Residency.READY and running.lora_slot != NO_ADAPTER
+    assert acquired(admission, manager, running) is Acquired.ON_DEVICE and running.lora_slot != NO_ADAPTER
     cold = sequence_of("cold")
-    assert acquired(admission, manager, cold) is Residency.NO_SLOT and admission.draining == "hot"
-    assert admission.acquire(sequence_of("hot")) is Residency.NO_SLOT, "draining: no new sequence of it"
+    assert acquired(admission, manager, cold) is Acquired.NO_SLOT and admission.draining == "hot"
+    assert admission.acquire(sequence_of("hot")) is Acquired.NO_SLOT, "draining: no new sequence of it"
     admission.end_drain([running])
     assert admission.draining == "hot", "still running"
     admission.release(running)
     admission.end_drain([])
     assert admission.draining is None
-    assert acquired(admission, manager, cold) is Residency.READY, "the idle slot goes to the waiting adapter"
+    assert acquired(admission, manager, cold) is Acquired.ON_DEVICE, "the idle slot goes to the waiting adapter"
     assert admission.can_start_now("cold")
     assert not admission.can_start_now("hot")
 
@@ -53,5 +53,5 @@ def test_a_failed_adapter_ends_its_request_with_the_reason():
     register_tiny(manager, "broken", seed=0)
     admission = AdapterAdmission(manager)
     seq = sequence_of("broken")
-    assert acquired(admission, manager, seq) is Residency.FAILED
+    assert acquired(admission, manager, seq) is Acquired.FAILED
     assert "no such file" in admission.failure(seq)

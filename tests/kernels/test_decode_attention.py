@@ -40,7 +40,7 @@ def reference(queries, k_cache, v_cache, tables, lens, scale) -> torch.Tensor:
 def test_paged_decode_attention_equals_the_reference(device, dtype, num_heads, num_kv_heads, head_dim):
     gen = torch.Generator().manual_seed(0)
     num_pages, block_size, layers = 40, 16, 2
-    # The pool's layout: a layer's K is a strided view, one block every page (memory_pool.py).
+    # The pool's layout: a layer's K is a strided view, one block every page (memory/pool.py).
     pool = torch.randn(num_pages, 2, layers, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
     k_cache, v_cache = pool[:, 0, 1], pool[:, 1, 1]
     lens = torch.tensor([0, 1, 15, 16, 17, 70, 5])  # 0: a CUDA graph's padding row

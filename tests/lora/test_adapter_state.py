@@ -14,7 +14,7 @@ from loraserve.lora.adapter import LoraAdapter
 from loraserve.lora.adapter_state import TRANSITIONS, AdapterRecord, AdapterSource, AdapterState, IllegalTransitionError
 from loraserve.lora.host_cache import host_bytes
 from loraserve.lora.manager import AdapterManager
-from loraserve.lora.residency import NO_ADAPTER, Residency
+from loraserve.lora.residency import NO_ADAPTER, Acquired
 from tests.lora.tiny_adapters import read_tiny, register_tiny, tiny_adapter, tiny_adapter_manager
 
 S = AdapterState
@@ -55,7 +55,7 @@ def state(manager: AdapterManager, name: str) -> AdapterState:
 
 def load(manager: AdapterManager, name: str) -> None:
     for _ in range(3):  # read, then (if the read found no free room) reserve and copy
-        if manager.acquire(name) is Residency.READY:
+        if manager.acquire(name) is Acquired.ON_DEVICE:
             return
         assert manager.wait_idle()
     raise AssertionError(f"{name} not loaded")
@@ -76,7 +76,7 @@ def prefetch(manager: AdapterManager, disk: Disk) -> None:
 @moves(S.LOADING, S.ON_DEVICE)
 def first_request(manager: AdapterManager, disk: Disk) -> None:
     register_tiny(manager, "a", seed=0)
-    assert manager.acquire("a") is Residency.LOADING and state(manager, "a") is S.LOADING
+    assert manager.acquire("a") is Acquired.LOADING and state(manager, "a") is S.LOADING
     assert manager.wait_idle() and state(manager, "a") is S.ON_DEVICE
     record = manager.record("a")
     assert record is not None and record.slot != NO_ADAPTER and record.content_hash == tiny_adapter(0).sha256
@@ -87,7 +87,7 @@ def request_during_prefetch(manager: AdapterManager, disk: Disk) -> None:
     register_tiny(manager, "a", seed=0)
     disk.open.clear()
     manager.prefetch("a")
-    assert manager.acquire("a") is Residency.LOADING and state(manager, "a") is S.LOADING
+    assert manager.acquire("a") is Acquired.LOADING and state(manager, "a") is S.LOADING
     disk.open.set()
     assert manager.wait_idle() and state(manager, "a") is S.ON_DEVICE, "the prefetch's read went on to the slot"
 
@@ -99,7 +99,7 @@ def prefetch_of_a_broken_file(manager: AdapterManager, disk: Disk) -> None:
     manager.prefetch("a")
     assert manager.wait_idle() and state(manager, "a") is S.FAILED
     assert "truncated" in manager.record("a").failure
-    assert manager.acquire("a") is Residency.FAILED
+    assert manager.acquire("a") is Acquired.FAILED
 
 
 @moves(S.LOADING, S.FAILED)
@@ -122,7 +122,7 @@ def eviction_and_return(manager: AdapterManager, disk: Disk) -> None:
     manager.release("b")
     load(manager, "c")  # two slots: a, used least recently, leaves
     assert state(manager, "a") is S.ON_HOST and manager.stats.evictions == 1
-    assert manager.acquire("a") is Residency.LOADING and state(manager, "a") is S.LOADING, "size known: reserved"
+    assert manager.acquire("a") is Acquired.LOADING and state(manager, "a") is S.LOADING, "size known: reserved"
     assert manager.wait_idle() and state(manager, "a") is S.ON_DEVICE
 
 
@@ -132,9 +132,9 @@ def read_but_no_room(manager: AdapterManager, disk: Disk) -> None:
         register_tiny(manager, name, seed)
     load(manager, "a")
     load(manager, "b")  # both running: neither may leave
-    assert manager.acquire("c") is Residency.LOADING
+    assert manager.acquire("c") is Acquired.LOADING
     assert manager.wait_idle() and state(manager, "c") is S.ON_HOST
-    assert manager.acquire("c") is Residency.NO_SLOT and state(manager, "c") is S.ON_HOST
+    assert manager.acquire("c") is Acquired.NO_SLOT and state(manager, "c") is S.ON_HOST
 
 
 @moves(S.ON_HOST, S.REGISTERED)

@@ -13,8 +13,8 @@ import torch
 from loraserve.lora.adapter import LoraAdapter, LoraWeights, projection_shapes
 from loraserve.lora.backends import CompiledCpuLora, GroupedRows, LoraBackend, TorchCpuLora, TritonLora
 from loraserve.lora.batch import NO_ADAPTER, LoraBatch
-from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.slots import AdapterSlots
+from loraserve.memory.pool import MemoryPool
 from sgmv_kernels import lora_expand, lora_shrink
 from sgmv_kernels.cpu import RowGroups
 from sgmv_kernels.native import RowChunks, load_kernel

@@ -10,17 +10,17 @@ import torch
 
 from loraserve.errors import AdapterError, UnknownAdapterError
 from loraserve.lora.host_cache import host_bytes
-from loraserve.lora.residency import Residency
+from loraserve.lora.residency import Acquired
 from sgmv_kernels import gather_rows
 from tests.lora.tiny_adapters import device_names, read_tiny, register_tiny, tiny_adapter, tiny_adapter_manager
 
 
-def acquire_when_loaded(manager, name: str) -> Residency:
+def acquire_when_loaded(manager, name: str) -> Acquired:
     """Acquire as the scheduler does, step after step, until the answer is not LOADING."""
     for _ in range(3):  # read, then (if the read found no free room) reserve and copy
-        residency = manager.acquire(name)
-        if residency is not Residency.LOADING:
-            return residency
+        acquired = manager.acquire(name)
+        if acquired is not Acquired.LOADING:
+            return acquired
         assert manager.wait_idle()
     raise AssertionError(f"{name} still loading")
 
@@ -29,10 +29,10 @@ def test_a_load_reads_from_disk_then_copies_into_a_slot():
     manager = tiny_adapter_manager(num_slots=2)
     register_tiny(manager, "a", seed=1)
     assert manager.residency("a") == "disk"
-    assert manager.acquire("a") is Residency.LOADING
+    assert manager.acquire("a") is Acquired.LOADING
     assert manager.wait_idle()
     assert manager.residency("a") == "device"
-    assert manager.acquire("a") is Residency.READY
+    assert manager.acquire("a") is Acquired.ON_DEVICE
     slot = manager.record("a").slot
     q = manager.slots.layers[1]["q_proj"]
     weights = tiny_adapter(1).weights[(1, "q_proj")]
@@ -46,15 +46,15 @@ def test_busy_adapters_are_never_evicted_and_idle_ones_go_least_recently_used_fi
     manager = tiny_adapter_manager(num_slots=2)
     for seed, name in enumerate("abc"):
         register_tiny(manager, name, seed)
-    assert acquire_when_loaded(manager, "a") is Residency.READY
-    assert acquire_when_loaded(manager, "b") is Residency.READY
-    assert manager.acquire("c") is Residency.LOADING, "read first: its size says how many pages it needs"
+    assert acquire_when_loaded(manager, "a") is Acquired.ON_DEVICE
+    assert acquire_when_loaded(manager, "b") is Acquired.ON_DEVICE
+    assert manager.acquire("c") is Acquired.LOADING, "read first: its size says how many pages it needs"
     assert manager.wait_idle()
     assert manager.residency("c") == "host", "read, but no room on the device"
-    assert manager.acquire("c") is Residency.NO_SLOT, "both slots have running sequences"
+    assert manager.acquire("c") is Acquired.NO_SLOT, "both slots have running sequences"
     manager.release("a")
     manager.release("b")
-    assert acquire_when_loaded(manager, "c") is Residency.READY
+    assert acquire_when_loaded(manager, "c") is Acquired.ON_DEVICE
     assert set(device_names(manager)) == {"b", "c"}, "a was used least recently"
     assert manager.stats.evictions == 1
     assert manager.residency("a") == "host", "evicted from the device, still in the host cache"
@@ -81,11 +81,11 @@ def test_a_slow_load_does_not_block_the_caller():
 
     manager = tiny_adapter_manager(num_slots=2, read=slow_read)
     register_tiny(manager, "slow", seed=3)
-    assert manager.acquire("slow") is Residency.LOADING  # returns at once: the worker reads
-    assert manager.acquire("slow") is Residency.LOADING
+    assert manager.acquire("slow") is Acquired.LOADING  # returns at once: the worker reads
+    assert manager.acquire("slow") is Acquired.LOADING
     release.set()
     assert manager.wait_idle()
-    assert manager.acquire("slow") is Residency.READY
+    assert manager.acquire("slow") is Acquired.ON_DEVICE
 
 
 def test_an_unreadable_adapter_fails_with_its_reason_and_frees_its_slot():
@@ -96,7 +96,7 @@ def test_an_unreadable_adapter_fails_with_its_reason_and_frees_its_slot():
     register_tiny(manager, "broken", seed=0)
     manager.acquire("broken")
     assert manager.wait_idle()
-    assert manager.acquire("broken") is Residency.FAILED
+    assert manager.acquire("broken") is Acquired.FAILED
     assert "truncated" in manager.record("broken").failure
     assert manager.slots.num_free == 1
 
@@ -108,7 +108,7 @@ def test_a_changed_file_fails_the_hash_check():
     manager.register("a", AdapterSource(Path("tiny/1"), sha256="0" * 64))
     manager.acquire("a")
     assert manager.wait_idle()
-    assert manager.acquire("a") is Residency.FAILED
+    assert manager.acquire("a") is Acquired.FAILED
     assert "changed on disk" in manager.record("a").failure
 
 
@@ -121,9 +121,9 @@ def test_pinned_adapter_stays_and_one_slot_always_stays_unpinned():
     assert manager.residency("a") == "device", "pinning loads at once"
     with pytest.raises(AdapterError, match="pinned"):
         manager.set_pinned("b", True)
-    assert acquire_when_loaded(manager, "b") is Residency.READY
+    assert acquire_when_loaded(manager, "b") is Acquired.ON_DEVICE
     manager.release("b")
-    assert acquire_when_loaded(manager, "c") is Residency.READY
+    assert acquire_when_loaded(manager, "c") is Acquired.ON_DEVICE
     assert set(device_names(manager)) == {"a", "c"}, "b was evicted, the pinned a stayed"
 
 
@@ -132,10 +132,10 @@ def test_pinning_an_unread_adapter_takes_an_idle_slot_when_none_is_free():
     for seed, name in enumerate("abc"):
         register_tiny(manager, name, seed)
     for name in "ab":
-        assert acquire_when_loaded(manager, name) is Residency.READY
+        assert acquire_when_loaded(manager, name) is Acquired.ON_DEVICE
         manager.release(name)
     assert manager.slots.num_free == 1
-    assert acquire_when_loaded(manager, "c") is Residency.READY  # every slot taken, all idle once c is released
+    assert acquire_when_loaded(manager, "c") is Acquired.ON_DEVICE  # every slot taken, all idle once c is released
     manager.release("c")
     register_tiny(manager, "d", seed=3)
     manager.set_pinned("d", True)  # never read: its size is known only after the read, off this thread
@@ -147,7 +147,7 @@ def test_pinning_an_unread_adapter_takes_an_idle_slot_when_none_is_free():
 def test_unregister_frees_the_slot_and_the_name():
     manager = tiny_adapter_manager(num_slots=1)
     register_tiny(manager, "a", seed=0)
-    assert acquire_when_loaded(manager, "a") is Residency.READY
+    assert acquire_when_loaded(manager, "a") is Acquired.ON_DEVICE
     manager.release("a")
     manager.unregister("a")
     assert "a" not in manager and manager.slots.num_free == 1 and manager.host.names == []

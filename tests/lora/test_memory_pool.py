@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from loraserve.config import CacheConfig
 from loraserve.engine.block_manager import BlockManager
 from loraserve.errors import ConfigError
 from loraserve.lora.adapter import PROJECTIONS, LoraWeights, projection_shapes
 from loraserve.lora.manager import AdapterSource
-from loraserve.lora.memory_pool import free_device_memory, page_bytes, pool_pages
-from loraserve.lora.residency import Residency
+from loraserve.lora.residency import Acquired
+from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.page_allocator import PageUse
+from loraserve.memory.pool import MemoryPool
 from sgmv_kernels import gather_rows
 from sgmv_kernels.layout import row_alignment
 from tests.engine.helpers import make_sequence
@@ -24,7 +24,7 @@ from tests.lora.tiny_adapters import TINY_BLOCK_SIZE, TINY_SPEC, register_tiny, 
 
 def load(manager, name: str) -> None:
     for _ in range(3):
-        if manager.acquire(name) is Residency.READY:
+        if manager.acquire(name) is Acquired.ON_DEVICE:
             return
         assert manager.wait_idle()
     raise AssertionError(f"{name} did not load")
@@ -123,24 +123,21 @@ def test_kv_capacity_shrinks_while_an_adapter_is_loaded_and_idle_adapters_give_w
     assert blocks.can_allocate(seq, 28)
     blocks.allocate(seq, 28)
     longer = make_sequence(4)
-    assert not blocks.can_allocate(longer, 4), "a running adapter is never evicted for KV"
+    assert not blocks.make_room(longer, 4), "a running adapter is never evicted for KV"
     manager.release("a")  # idle now: a cache, KV may take its page
-    assert blocks.can_allocate(longer, 4)
+    assert not blocks.can_allocate(longer, 4), "asking evicts nothing"
+    assert blocks.make_room(longer, 4)
     assert manager.residency("a") == "host" and manager.stats.evictions == 1
     blocks.allocate(longer, 4)
     register_tiny(manager, "b", seed=2)
-    assert manager.acquire("b") is Residency.LOADING and manager.wait_idle()
-    assert manager.acquire("b") is Residency.NO_SLOT, "every page holds KV of running sequences"
+    assert manager.acquire("b") is Acquired.LOADING and manager.wait_idle()
+    assert manager.acquire("b") is Acquired.NO_SLOT, "every page holds KV of running sequences"
     blocks.free(seq)
     load(manager, "b")
     assert manager.slots.pool.pages.num_used(PageUse.KV) == 1 and manager.pages_of("b") == 1
 
 
-def test_the_pool_is_sized_from_bytes_or_a_fraction_of_free_memory():
-    page = page_bytes(TINY_SPEC, 16, torch.float32)
-    assert pool_pages(CacheConfig(pool_memory=10 * page), TINY_SPEC, torch.float32, "cpu") == 10
-    free = free_device_memory("cpu")
-    pages = pool_pages(CacheConfig(pool_memory_fraction=0.01), TINY_SPEC, torch.float32, "cpu")
-    assert 0 < pages * page <= 0.011 * free
-    with pytest.raises(ConfigError, match="--pool-memory-fraction"):
-        CacheConfig(pool_memory_fraction=1.5)
+def test_a_block_narrower_than_an_adapter_row_is_refused_naming_the_flag():
+    pool = MemoryPool(TINY_SPEC, 2, 8, torch.float32, "cpu")  # slabs of 2 x 4 elements; an MLP row has 16
+    with pytest.raises(ConfigError, match=r"--block-size.*use at least 4"):
+        AdapterSlots(TINY_SPEC, 2, 4, pool)

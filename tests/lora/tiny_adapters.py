@@ -10,8 +10,8 @@ import torch
 from loraserve.lora.adapter import LoraAdapter, LoraWeights
 from loraserve.lora.adapter_state import AdapterState
 from loraserve.lora.manager import AdapterManager, AdapterSource
-from loraserve.lora.memory_pool import MemoryPool
 from loraserve.lora.slots import AdapterSlots
+from loraserve.memory.pool import MemoryPool
 from loraserve.models.llama import LlamaSpec
 
 TINY_SPEC = LlamaSpec(

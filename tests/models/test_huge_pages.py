@@ -62,7 +62,7 @@ def resident_and_huge_kilobytes(address: int) -> tuple[int, int]:
 def test_a_new_pool_is_zeros_that_take_memory_only_where_used():
     """A server's start does not write its whole pool (2 GiB by default): pages come in on first use,
     in huge pages where the kernel lends them."""
-    from loraserve.lora.memory_pool import MemoryPool, page_bytes
+    from loraserve.memory.pool import MemoryPool, page_bytes
     from tests.lora.tiny_adapters import TINY_SPEC
 
     spec = dataclasses.replace(TINY_SPEC, head_dim=1024)  # pages of 64 KiB

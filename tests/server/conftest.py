@@ -27,6 +27,7 @@ from loraserve.engine import LLMEngine
 from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.models import LoadedModel
 from loraserve.server.app import create_app
+from loraserve.server.catalog import AdapterCatalog
 
 ADMIN_TOKEN = "admin-token-for-the-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -37,6 +38,7 @@ class RunningServer:
     url: str
     engine: AsyncLLMEngine
     data_dir: Path
+    catalog: AdapterCatalog  # what the server serves
 
 
 def free_port() -> int:
@@ -89,7 +91,7 @@ def start_server(
         assert time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
     try:
-        yield RunningServer(f"http://127.0.0.1:{port}", engine, data_dir)
+        yield RunningServer(f"http://127.0.0.1:{port}", engine, data_dir, app.state.loraserve.catalog)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

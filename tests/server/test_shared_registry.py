@@ -58,7 +58,7 @@ def test_an_upload_edit_and_delete_on_one_server_reach_the_other(two_servers, pe
     )
     assert edited.status_code == 200, edited.text
     eventually(
-        lambda: getattr(second.engine.served_as("shared"), "system_prompt", None) == "Answer in French.",
+        lambda: second.catalog.get("shared").system_prompt == "Answer in French.",
         "the second server's chats use the new persona",
     )
 

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+# torch's tensors of 2 MB and more in transparent huge pages. torch reads this once, at the process's first CPU
+# allocation, which any module under loraserve that imports torch may make; set from loraserve/models/__init__.py
+# instead, it came too late for a process that imports the engine first (one chat with an adapter 10% slower, bench
+# weights on a Zen 3). A decode step streams every weight: with 4 KB pages each page is a TLB miss and a restart of
+# the hardware prefetcher (3-9% of a token's time on a Zen 3, docs/benchmarks/weights.md). THP_MEM_ALLOC_ENABLE=0
+# keeps 4 KB pages. Setting it imports nothing.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 if TYPE_CHECKING:
     from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams

@@ -14,13 +14,13 @@ import torch
 from safetensors.torch import save_file
 
 from loraserve.lora.adapter import PROJECTIONS, projection_shapes
-from loraserve.models.llama import LlamaSpec
+from loraserve.models.decoder_spec import DecoderSpec
 
 _ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
 
 
 def write_random_adapters(
-    spec: LlamaSpec,
+    spec: DecoderSpec,
     count: int,
     out_dir: Path,
     projections: tuple[str, ...] = PROJECTIONS,

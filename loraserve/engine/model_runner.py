@@ -8,6 +8,7 @@ positions 0..5 of table [3, 8] writes blocks 3, 3, 3, 3, 8, 8 at offsets 0, 1, 2
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from loraserve.memory.pool import MemoryPool
 from loraserve.models import LoadedModel
 from loraserve.models.attention import AttentionGroup, AttentionMetadata
 from loraserve.models.platform import DecodeRows, GraphSettings, StepPlan
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,7 +67,15 @@ class ModelRunner:
         plan = StepPlan(
             self.model, self.pool.kv_caches, self.adapter_slots, self.block_size, self._take_scratch_block, graphs
         )
-        self.fused_step = platform.fused_step(plan)  # decode steps in one call, where it serves them
+        departures = self.model.departures()
+        self.fused_step = None if departures else platform.fused_step(plan)  # decode steps in one call
+        if departures:
+            logger.info(
+                "%s departs from Llama's forward (%s), which the fused decode step does not cover yet: decode "
+                "steps run layer by layer, on the same kernels",
+                self.model.spec.model_type,
+                ", ".join(departures),
+            )
 
     def _take_scratch_block(self) -> int:
         scratch = self.pool.pages.take(1, PageUse.KV)  # no sequence owns it
@@ -96,7 +107,7 @@ class ModelRunner:
             logits_index = inputs.logits_index
         self.faults.check(batch)
         sampled_rows = hidden if logits_index is None else hidden.index_select(0, logits_index)
-        logits = self.model.lm_head(sampled_rows).float()  # [S, vocab] float32
+        logits = self.model.logits(sampled_rows).float()  # [S, vocab] float32
         return self.sampler(logits, batch.sampling_rows, None if masks is None else masks.result())
 
     def decode_rows(self, decodes: list[ScheduledSequence]) -> DecodeRows:
@@ -147,6 +158,11 @@ class ModelRunner:
         parts = ((batch.decodes, 0), (batch.prefills, len(batch.decodes)))
         groups = [self._attention_group(items, token_start) for items, token_start in parts if items]
         device = self.device
+        row_ends = None
+        if self.model.reads_row_ends:
+            ends = [item.start + item.num_new_tokens for item in batch.decodes + batch.prefills]
+            lengths = [item.num_new_tokens for item in batch.decodes + batch.prefills]
+            row_ends = torch.tensor(ends, device=device).repeat_interleave(torch.tensor(lengths, device=device))
         return ModelInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
             positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -155,30 +171,35 @@ class ModelRunner:
                 slot_offsets=torch.tensor(offsets, dtype=torch.long, device=device),
                 groups=groups,
                 decode_kernel=self.decode_kernel,
+                row_ends=row_ends,
             ),
             logits_index=torch.tensor(logits_index, dtype=torch.long, device=device),
             lora=lora,
         )
 
+    def _additive_mask(self, may_attend: torch.Tensor) -> torch.Tensor:
+        """An additive mask in the model dtype (0 or -inf): SDPA would otherwise convert a bool mask in every layer."""
+        bias = torch.zeros(may_attend.shape, dtype=self.dtype, device=self.device)
+        return bias.masked_fill_(~may_attend, float("-inf"))
+
     def _attention_group(self, items: list[ScheduledSequence], token_start: int) -> AttentionGroup:
-        """Pad the rows to one batch: queries to the longest chunk, keys to the longest context."""
-        bs = self.block_size
+        """Pad the rows to one batch: queries to the longest chunk, keys to the longest context; and for
+        the windowed layers, keys to the longest window's blocks."""
         query_lens = [item.num_new_tokens for item in items]
         starts = [item.start for item in items]
-        context_lens = [item.start + item.num_new_tokens for item in items]
         max_query_len = max(query_lens)
-        max_blocks = -(-max(context_lens) // bs)
-        tables = [item.seq.block_table[:max_blocks] + [0] * (max_blocks - len(item.seq.block_table)) for item in items]
         device = self.device
-        # query_positions: [B, Lq]; padded query rows sit at position 0 so they attend to one real key.
+        # query_positions: [B, Lq]; a padded query row sits at its row's first position, among real keys.
         offsets = torch.arange(max_query_len, device=device).unsqueeze(0)
         lens = torch.tensor(query_lens, device=device).unsqueeze(1)
-        query_positions = torch.where(offsets < lens, torch.tensor(starts, device=device).unsqueeze(1) + offsets, 0)
-        key_positions = torch.arange(max_blocks * bs, device=device)
-        may_attend = (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(2)).unsqueeze(1)
-        # An additive mask in the model dtype: SDPA would otherwise convert a bool mask in every layer.
-        attend_bias = torch.zeros(may_attend.shape, dtype=self.dtype, device=device)
-        attend_bias.masked_fill_(~may_attend, float("-inf"))
+        first_positions = torch.tensor(starts, device=device).unsqueeze(1)
+        query_positions = torch.where(offsets < lens, first_positions + offsets, first_positions)
+        block_tables, attend_bias = self._keys(items, [0] * len(items), query_positions, None)
+        window_tables = window_bias = None
+        window = self.model.spec.sliding_window
+        if window is not None:  # from the block of the first key the row's first query reaches
+            first_blocks = [max(0, start - window + 1) // self.block_size for start in starts]
+            window_tables, window_bias = self._keys(items, first_blocks, query_positions, window)
         padded_index = None
         if any(n != max_query_len for n in query_lens):
             padded_rows = [row * max_query_len + torch.arange(n, device=device) for row, n in enumerate(query_lens)]
@@ -187,8 +208,28 @@ class ModelRunner:
             token_start=token_start,
             token_end=token_start + sum(query_lens),
             max_query_len=max_query_len,
-            block_tables=torch.tensor(tables, dtype=torch.long, device=device),
+            block_tables=block_tables,
             attend_bias=attend_bias,
+            window_tables=window_tables,
+            window_bias=window_bias,
             padded_index=padded_index,
-            context_lens=torch.tensor(context_lens, dtype=torch.long, device=device),
+            context_lens=torch.tensor([s + n for s, n in zip(starts, query_lens, strict=True)], device=device),
         )
+
+    def _keys(
+        self, items: list[ScheduledSequence], first_blocks: list[int], query_positions: torch.Tensor, window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The blocks each row reads, from its `first_blocks` entry to its last, padded to one width with
+        block 0 (masked out), and the additive mask [B, 1, Lq, width * block_size] of the keys each query
+        attends: those at or before it (and within `window` of it, where given)."""
+        bs, device = self.block_size, self.device
+        ends = [-(-(item.start + item.num_new_tokens) // bs) for item in items]
+        width = max(end - first for end, first in zip(ends, first_blocks, strict=True))
+        tables = [item.seq.block_table[first : first + width] for item, first in zip(items, first_blocks, strict=True)]
+        tables = [table + [0] * (width - len(table)) for table in tables]
+        keys = torch.tensor(first_blocks, device=device).unsqueeze(1) * bs + torch.arange(width * bs, device=device)
+        keys, queries = keys.unsqueeze(1), query_positions.unsqueeze(2)  # [B, 1, L], [B, Lq, 1]
+        may_attend = keys <= queries
+        if window is not None:
+            may_attend &= keys > queries - window
+        return torch.tensor(tables, dtype=torch.long, device=device), self._additive_mask(may_attend.unsqueeze(1))

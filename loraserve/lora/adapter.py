@@ -18,9 +18,9 @@ from safetensors import SafetensorError, safe_open
 
 from loraserve.errors import AdapterError
 from loraserve.file_digest import sha256_of_files
-from loraserve.lora.adapter_config import PROJECTIONS, AdapterConfig, parse_config
+from loraserve.lora.adapter_config import AdapterConfig, parse_config
 from loraserve.lora.peft_files import CONFIG_FILE, PICKLE_FILES, WEIGHTS_FILE
-from loraserve.models.llama import LlamaSpec
+from loraserve.models.decoder_spec import PROJECTIONS, DecoderSpec
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class LoraAdapter:
         return any(w.magnitude is not None for w in self.weights.values())
 
 
-def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
+def projection_shapes(spec: DecoderSpec) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of every projection LoRA may adapt."""
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     hidden, inter = spec.hidden_size, spec.intermediate_size
@@ -85,7 +85,7 @@ def projection_shapes(spec: LlamaSpec) -> dict[str, tuple[int, int]]:
 
 def read_adapter(
     path: Path,
-    spec: LlamaSpec,
+    spec: DecoderSpec,
     max_rank: int,
     base_model_names: frozenset[str] = frozenset(),
     max_scale: float = FLOAT32_MAX,
@@ -120,16 +120,19 @@ def read_adapter(
     )
 
 
-def _lora_pairs(tensors: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
-    """Group the file's tensors by (layer, projection) -> {"A": ..., "B": ...}."""
+def _lora_pairs(tensors: dict[str, torch.Tensor], spec: DecoderSpec) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    """Group the file's tensors by (layer, module of the checkpoint) -> {"A": ..., "B": ...}."""
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    modules = spec.module_projections()
     for name, tensor in tensors.items():
         match = _TENSOR_NAME.match(name)
         if match is None:
             raise AdapterError(WEIGHTS_FILE, f"unexpected tensor {name!r}: only LoRA A/B of the projections are served")
         layer, projection, side = int(match[1]), match[3], match[4] or match[5]
-        if projection not in PROJECTIONS:
-            raise AdapterError("target_modules", f"LoRA on {projection!r} is not supported; only {PROJECTIONS}")
+        if projection not in modules:
+            raise AdapterError(
+                "target_modules", f"LoRA on {projection!r} is not supported on {spec.model_type}; only {tuple(modules)}"
+            )
         if not 0 <= layer < spec.num_layers:
             raise AdapterError(WEIGHTS_FILE, f"{name}: no layer {layer} in the base model ({spec.num_layers} layers)")
         pairs.setdefault((layer, projection), {})[side] = tensor
@@ -139,20 +142,22 @@ def _lora_pairs(tensors: dict[str, torch.Tensor], spec: LlamaSpec) -> dict[tuple
 
 
 def _validated_weights(
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]], config: AdapterConfig, spec: LlamaSpec, max_rank: int
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]], config: AdapterConfig, spec: DecoderSpec, max_rank: int
 ) -> dict[tuple[int, str], LoraWeights]:
     shapes = projection_shapes(spec)
+    held = spec.module_projections()
     weights: dict[tuple[int, str], LoraWeights] = {}
-    for (layer, projection), sides in sorted(pairs.items()):
-        where = f"layer {layer} {projection}"
+    for (layer, module), sides in sorted(pairs.items()):
+        where = f"layer {layer} {module}"
         if not {"A", "B"} <= set(sides):
             raise AdapterError(WEIGHTS_FILE, f"{where} has lora_{next(iter(sides))} without its pair")
-        magnitude = _magnitude(sides.get(MAGNITUDE), config.use_dora, where, shapes[projection][1])
+        projections = held[module]
+        in_features, out_features = shapes[projections[0]][0], sum(shapes[p][1] for p in projections)
+        magnitude = _magnitude(sides.get(MAGNITUDE), config.use_dora, where, out_features)
         # fan_in_fan_out describes Conv1D base weights; for Linear projections PEFT itself
         # turns it off and stores A and B as Linear weights, so they are read as they are.
         a, b = sides["A"], sides["B"]
-        module_rank, _ = config.modules[(layer, projection)]
-        in_features, out_features = shapes[projection]
+        module_rank, _ = config.modules[(layer, projections[0])]
         if a.shape != (module_rank, in_features) or b.shape != (out_features, module_rank):
             raise AdapterError(
                 WEIGHTS_FILE,
@@ -164,8 +169,12 @@ def _validated_weights(
         a, b = a.float().contiguous(), b.float().contiguous()
         if not (bool(a.isfinite().all()) and bool(b.isfinite().all())):
             raise AdapterError(WEIGHTS_FILE, f"{where}: the weights hold NaN or infinite values")
-        scale = config.scale((layer, projection))
-        weights[(layer, projection)] = LoraWeights(a=a, b=b, scale=scale, magnitude=magnitude)
+        scale = config.scale((layer, projections[0]))
+        # A fused module's delta is B A x: each projection it holds is its rows of B (and of DoRA's m), one A.
+        rows = torch.tensor([shapes[p][1] for p in projections]).cumsum(0).tolist()
+        for projection, start, end in zip(projections, [0, *rows[:-1]], rows, strict=True):
+            part = None if magnitude is None else magnitude[start:end].contiguous()
+            weights[(layer, projection)] = LoraWeights(a=a, b=b[start:end].contiguous(), scale=scale, magnitude=part)
     return weights
 
 

@@ -20,11 +20,10 @@ from typing import Any
 
 from loraserve.errors import AdapterError
 from loraserve.lora.peft_files import CONFIG_FILE
-from loraserve.models.llama import LlamaSpec
+from loraserve.models.decoder_spec import DecoderSpec
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_PATTERN_KEYS = 4096
-_BLOCK_OF = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
+_ATTENTION_MODULES = frozenset(("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"))
 
 # PEFT config fields whose non-neutral value changes what the adapter computes in ways we
 # do not implement. A field absent from the config counts as neutral.
@@ -43,7 +42,7 @@ _UNSUPPORTED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "kasa_config": (None,),
 }
 
-Module = tuple[int, str]  # (layer, projection)
+Module = tuple[int, str]  # (layer, projection); for a module of the checkpoint, (layer, its name)
 PatternReport = Callable[[str | None], None]  # the pattern field about to be matched; None once done
 
 
@@ -55,7 +54,7 @@ class AdapterConfig:
     alpha: float
     use_rslora: bool
     use_dora: bool  # DoRA: each adapted module's output rescaled per row (lora/dora.py)
-    target_modules: frozenset[str]  # the projections `target_modules` selects
+    target_modules: frozenset[str]  # the projections `target_modules` selects (a fused module: each it holds)
     modules: dict[Module, tuple[int, float]]  # every (layer, projection) of the base model -> (rank, alpha)
     base_model_name: str | None
 
@@ -75,13 +74,22 @@ class AdapterConfig:
         return cls(**data, target_modules=targets, modules=modules)
 
 
-def module_name(layer: int, projection: str) -> str:
-    """The module's full name in the HF Llama model, as PEFT's patterns see it."""
-    return f"model.layers.{layer}.{_BLOCK_OF.get(projection, 'mlp')}.{projection}"
+def module_name(layer: int, module: str) -> str:
+    """The module's full name in the HF model, as PEFT's patterns see it."""
+    return f"model.layers.{layer}.{'self_attn' if module in _ATTENTION_MODULES else 'mlp'}.{module}"
+
+
+def module_names(spec: DecoderSpec) -> dict[Module, str]:
+    """Every adaptable module of the base model's checkpoint (Phi-3's fused ones as such) -> its full name."""
+    return {
+        (layer, module): module_name(layer, module)
+        for layer in range(spec.num_layers)
+        for module in spec.module_projections()
+    }
 
 
 def parse_config(
-    path: Path, spec: LlamaSpec, max_rank: int, max_scale: float, report: PatternReport = lambda _: None
+    path: Path, spec: DecoderSpec, max_rank: int, max_scale: float, report: PatternReport = lambda _: None
 ) -> AdapterConfig:
     """Read and check `path`/adapter_config.json; AdapterError names the field at fault.
 
@@ -99,27 +107,33 @@ def parse_config(
     base_model_name = config.get("base_model_name_or_path")
     if base_model_name is not None and not isinstance(base_model_name, str):
         raise AdapterError("base_model_name_or_path", f"must be a string, got {base_model_name!r}")
-    names = {(layer, p): module_name(layer, p) for layer in range(spec.num_layers) for p in PROJECTIONS}
+    names = module_names(spec)
     report("target_modules")
-    targets = _target_modules(config.get("target_modules"), names)
+    targets = _target_modules(config.get("target_modules"), names, spec)
     report("rank_pattern")
     ranks = _resolve_pattern(config, "rank_pattern", names, lambda v, where: _rank(v, where, max_rank))
     report("alpha_pattern")
     alphas = _resolve_pattern(config, "alpha_pattern", names, _alpha)
     report(None)
+    held = spec.module_projections()
     parsed = AdapterConfig(
         rank=rank,
         alpha=alpha,
         use_rslora=use_rslora,
         use_dora=use_dora,
-        target_modules=frozenset(targets),
-        modules={module: (ranks.get(module, rank), alphas.get(module, alpha)) for module in names},
+        target_modules=frozenset(p for module in targets for p in held[module]),
+        modules={
+            (layer, p): (ranks.get((layer, module), rank), alphas.get((layer, module), alpha))
+            for layer, module in names
+            for p in held[module]
+        },
         base_model_name=base_model_name,
     )
-    for module in names:
-        if not parsed.scale(module) <= max_scale:
-            field = "lora_alpha" if module not in alphas else "alpha_pattern"
-            raise AdapterError(field, f"alpha / r = {parsed.scale(module):g} is beyond what the serving dtype holds")
+    for layer, module in names:
+        if not parsed.scale((layer, held[module][0])) <= max_scale:
+            field = "lora_alpha" if (layer, module) not in alphas else "alpha_pattern"
+            scale = parsed.scale((layer, held[module][0]))
+            raise AdapterError(field, f"alpha / r = {scale:g} is beyond what the serving dtype holds")
     return parsed
 
 
@@ -171,8 +185,8 @@ def _compile(pattern: Any, field: str) -> re.Pattern[str]:
         raise AdapterError(field, f"{pattern!r} is not a valid regular expression: {error}") from None
 
 
-def _target_modules(targets: Any, names: dict[Module, str]) -> set[str]:
-    """The projections `target_modules` selects: a list of names, or a regex fullmatched against module names."""
+def _target_modules(targets: Any, names: dict[Module, str], spec: DecoderSpec) -> set[str]:
+    """The modules `target_modules` selects: a list of names, or a regex fullmatched against module names."""
     if isinstance(targets, str):
         regex = _compile(targets, "target_modules")
         if any(regex.fullmatch(name) for name in ("model.embed_tokens", "lm_head")):
@@ -185,9 +199,12 @@ def _target_modules(targets: Any, names: dict[Module, str]) -> set[str]:
         raise AdapterError("target_modules", f"must be a non-empty list or a regex, got {targets!r}")
     if not all(isinstance(t, str) for t in targets):
         raise AdapterError("target_modules", "must list module names (strings)")
-    unsupported = [t for t in targets if t not in PROJECTIONS]
+    modules = tuple(spec.module_projections())
+    unsupported = [t for t in targets if t not in modules]
     if unsupported:
-        raise AdapterError("target_modules", f"{unsupported} not supported; LoRA may target only {PROJECTIONS}")
+        raise AdapterError(
+            "target_modules", f"{unsupported} not supported; LoRA on {spec.model_type} may target only {modules}"
+        )
     return set(targets)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from loraserve.errors import AdapterError
 from loraserve.lora.adapter import WEIGHTS_FILE, read_adapter
 from loraserve.lora.adapter_config import CONFIG_FILE, AdapterConfig, parse_config
-from loraserve.models.llama import LlamaSpec
+from loraserve.models.decoder_spec import DecoderSpec
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class SandboxLimits:
 
 
 def check_untrusted_adapter(
-    path: Path, spec: LlamaSpec, max_rank: int, max_scale: float, limits: SandboxLimits = SandboxLimits()
+    path: Path, spec: DecoderSpec, max_rank: int, max_scale: float, limits: SandboxLimits = SandboxLimits()
 ) -> AdapterConfig:
     """Check the adapter in directory `path` in a child process; its parsed config, or AdapterError naming why not.
     Blocks the calling thread (not the interpreter) while the child works."""
@@ -102,7 +102,7 @@ def _death(child: Any, field: str | None, limits: SandboxLimits) -> AdapterError
 
 
 def _check_in_child(
-    sender: Connection, path: Path, spec: LlamaSpec, max_rank: int, max_scale: float, cpu_seconds: int, memory: int
+    sender: Connection, path: Path, spec: DecoderSpec, max_rank: int, max_scale: float, cpu_seconds: int, memory: int
 ) -> None:
     """In the child: limit this process, check the files, send the verdict as JSON."""
     os.nice(19)  # the engine's steps come first on the cores it shares with this check

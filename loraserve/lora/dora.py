@@ -18,10 +18,10 @@ import torch
 
 from loraserve.errors import AdapterError
 from loraserve.lora.adapter import LoraAdapter, LoraWeights
-from loraserve.models.llama import LlamaForCausalLM
+from loraserve.models.decoder import DecoderForCausalLM
 
 
-def with_dora_scales(adapter: LoraAdapter, base: LlamaForCausalLM) -> LoraAdapter:
+def with_dora_scales(adapter: LoraAdapter, base: DecoderForCausalLM) -> LoraAdapter:
     """The adapter with every DoRA module's scale vector filled in; as it is without DoRA or when done."""
     todo = {m: w for m, w in adapter.weights.items() if w.magnitude is not None and w.dora_scale is None}
     if not todo:
@@ -33,7 +33,7 @@ def with_dora_scales(adapter: LoraAdapter, base: LlamaForCausalLM) -> LoraAdapte
 
 
 @torch.inference_mode()
-def _scale(module: LoraWeights, base: LlamaForCausalLM, layer: int, projection: str) -> torch.Tensor:
+def _scale(module: LoraWeights, base: DecoderForCausalLM, layer: int, projection: str) -> torch.Tensor:
     assert module.magnitude is not None
     a, b, s = module.a, module.b, module.scale
     linear, columns = base.projection(layer, projection)

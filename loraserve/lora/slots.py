@@ -25,7 +25,7 @@ from loraserve.lora.adapter import PROJECTIONS, LoraAdapter, projection_shapes
 from loraserve.lora.stacked import StackedLora
 from loraserve.memory.page_allocator import PageUse
 from loraserve.memory.pool import MemoryPool
-from loraserve.models.llama import LlamaSpec
+from loraserve.models.decoder_spec import DecoderSpec
 from sgmv_kernels import PooledLora
 from sgmv_kernels.layout import row_alignment
 from sgmv_kernels.native import ProjectionGroup
@@ -95,7 +95,7 @@ class AdapterSlots:
     """Owns which slots are taken and the row tables the kernels read; which adapter holds a slot
     is in its record (adapter_state.py)."""
 
-    def __init__(self, spec: LlamaSpec, num_slots: int, max_rank: int, pool: MemoryPool) -> None:
+    def __init__(self, spec: DecoderSpec, num_slots: int, max_rank: int, pool: MemoryPool) -> None:
         self.num_slots, self.max_rank, self.pool = num_slots, max_rank, pool
         self.shapes = projection_shapes(spec)  # projection -> (in_features, out_features)
         widths = [width for shape in self.shapes.values() for width in shape]

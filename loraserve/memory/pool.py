@@ -25,7 +25,7 @@ from loraserve.memory.page_allocator import PageAllocator
 
 
 class KVShape(Protocol):
-    """What the pool needs of a model's shape (models' LlamaSpec has it)."""
+    """What the pool needs of a model's shape (models' DecoderSpec has it)."""
 
     @property
     def num_layers(self) -> int: ...

@@ -45,6 +45,8 @@ class AttentionGroup:
     max_query_len: int  # Lq: query tokens of the longest row
     block_tables: torch.Tensor  # [B, max_blocks] int64, padded with block 0 (masked out)
     attend_bias: torch.Tensor  # [B, 1, Lq, max_blocks * block_size] model dtype: 0 = may attend, -inf = may not
+    window_tables: torch.Tensor | None  # for the windowed layers: each row's blocks its window reaches, padded
+    window_bias: torch.Tensor | None  # and their mask (the last W keys of each query); None: no layer has a window
     padded_index: torch.Tensor | None  # [token_end - token_start] int64 row in [B * Lq]; None = no padding
     context_lens: torch.Tensor  # [B] int64 keys each row attends to (its last position + 1)
 
@@ -57,6 +59,7 @@ class AttentionMetadata:
     slot_offsets: torch.Tensor  # [T] int64 and its position in that block
     groups: list[AttentionGroup]
     decode_kernel: DecodeAttention | None = None  # for one-token rows; None: the torch paths below
+    row_ends: torch.Tensor | None = None  # [T] int64 each token's row's last position + 1 (LongRoPE's choice)
 
 
 def paged_attention(
@@ -65,39 +68,45 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     metadata: AttentionMetadata,
     scale: float,
+    window: int | None = None,  # the layer's sliding window: the last `window` keys only
+    softcap: float | None = None,  # scores soft-capped by tanh (Gemma 2)
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Attend each row over its cached context."""
+    """Attend each row over its cached context (its window's part of it)."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     num_heads = q.shape[1]
     outputs = []
     for group in metadata.groups:
         queries = q[group.token_start : group.token_end]
-        if group.max_query_len == 1 and metadata.decode_kernel is not None:
+        tables, bias = (
+            (group.block_tables, group.attend_bias) if window is None else (group.window_tables, group.window_bias)
+        )
+        assert tables is not None and bias is not None, "a windowed layer needs the window's blocks"
+        kernel_serves = window is None and softcap is None  # the kernels attend whole contexts, uncapped
+        if group.max_query_len == 1 and metadata.decode_kernel is not None and kernel_serves:
             outputs.append(
                 metadata.decode_kernel(queries, k_cache, v_cache, group.block_tables, group.context_lens, scale)
             )
             continue
-        num_rows, max_blocks = group.block_tables.shape
+        num_rows, max_blocks = tables.shape
         context_len = max_blocks * block_size
-        tables = group.block_tables.view(-1)
+        tables = tables.reshape(-1)
         # keys, values: [B, context_len, Hkv, D], each row's blocks one after the other
         keys = k_cache.index_select(0, tables).view(num_rows, context_len, num_kv_heads, head_dim)
         values = v_cache.index_select(0, tables).view(num_rows, context_len, num_kv_heads, head_dim)
-        if group.max_query_len == 1 and q.dtype != torch.float32:
-            outputs.append(decode_attention(queries, keys, values, group.attend_bias, scale))
+        if group.max_query_len == 1 and q.dtype != torch.float32 and softcap is None:
+            outputs.append(decode_attention(queries, keys, values, bias, scale))
             continue
         if group.padded_index is not None:
             padded = queries.new_zeros(num_rows * group.max_query_len, num_heads, head_dim)
             queries = padded.index_copy_(0, group.padded_index, queries)
         queries = queries.view(num_rows, group.max_query_len, num_heads, head_dim).transpose(1, 2)  # [B, Hq, Lq, D]
-        attended = F.scaled_dot_product_attention(
-            queries,
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=group.attend_bias,
-            scale=scale,
-            enable_gqa=num_heads != num_kv_heads,
-        )
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, Hkv, context_len, D]
+        if softcap is None:
+            attended = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=bias, scale=scale, enable_gqa=num_heads != num_kv_heads
+            )
+        else:
+            attended = softcapped_attention(queries, keys, values, bias, scale, softcap)
         attended = attended.transpose(1, 2).reshape(num_rows * group.max_query_len, num_heads, head_dim)
         if group.padded_index is not None:
             attended = attended.index_select(0, group.padded_index)
@@ -133,3 +142,21 @@ def decode_attention(
     pair_probs = queries.new_zeros(rows, num_kv_heads, per_kv_head, context_len, num_kv_heads)
     pair_probs.diagonal(dim1=1, dim2=4).copy_(probs.permute(0, 2, 3, 1))
     return torch.bmm(pair_probs.view(rows, num_heads, -1), values.view(rows, context_len * num_kv_heads, head_dim))
+
+
+def softcapped_attention(
+    queries: torch.Tensor,  # [B, Hq, Lq, D]
+    keys: torch.Tensor,  # [B, Hkv, L, D]
+    values: torch.Tensor,  # [B, Hkv, L, D]
+    bias: torch.Tensor,  # [B, 1, Lq, L] additive mask
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [B, Hq, Lq, D]
+    """Attention with scores soft-capped, softcap * tanh(scores / softcap), before the mask: SDPA has no
+    such step, so this is transformers' eager attention (Gemma 2), in the same order of operations."""
+    per_kv_head = queries.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(per_kv_head, dim=1), values.repeat_interleave(per_kv_head, dim=1)
+    scores = torch.matmul(queries, keys.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap + bias
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+    return torch.matmul(probs, values)

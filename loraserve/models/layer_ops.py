@@ -11,7 +11,7 @@ from loraserve.models.rope import apply_rotary
 
 
 class LayerOps:
-    """Residual add + RMSNorm, SiLU * up, and rotary + K/V cache write, in torch."""
+    """Residual add + RMSNorm, SiLU * up (GELU * up), and rotary + K/V cache write, in torch."""
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -31,11 +31,16 @@ class LayerOps:
         gate, up = gate_up.split(gate_up.shape[1] // 2, dim=-1)
         return F.silu(gate) * up
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GeGLU (Gemma): [T, 2I] -> gelu_tanh(gate_up[:, :I]) * gate_up[:, I:], [T, I]."""
+        gate, up = gate_up.split(gate_up.shape[1] // 2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
     def rotary_store_kv(
         self,
         qkv: torch.Tensor,  # [T, (Hq + 2 Hkv) * D] rows: q heads, k heads, v heads; q rotated in place
-        cos: torch.Tensor,  # [T, D]
-        sin: torch.Tensor,  # [T, D]
+        cos: torch.Tensor,  # [T, D], or [T, R < D]: partial rotary, on the first R dimensions only
+        sin: torch.Tensor,
         num_heads: int,
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], each block contiguous
         v_cache: torch.Tensor,
@@ -43,7 +48,7 @@ class LayerOps:
         slot_offsets: torch.Tensor,  # [T] int64
     ) -> None:
         """Rotary on the q and k heads, k and v written to their cache slots."""
-        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets)
+        check_rotary_store_kv(qkv, cos, sin, num_heads, k_cache, v_cache, slot_blocks, slot_offsets, partial=True)
         heads = qkv.view(qkv.shape[0], -1, k_cache.shape[3])  # [T, Hq + 2 Hkv, D]
         num_kv_heads = k_cache.shape[2]
         rotated = apply_rotary(heads[:, : num_heads + num_kv_heads], cos, sin)
@@ -62,13 +67,16 @@ def check_rotary_store_kv(
     v_cache: torch.Tensor,
     slot_blocks: torch.Tensor,
     slot_offsets: torch.Tensor,
+    partial: bool = False,
 ) -> None:
-    """What every implementation of `rotary_store_kv` requires of its arguments."""
+    """What every implementation of `rotary_store_kv` requires of its arguments; `partial`: cos and sin
+    may cover fewer dimensions than the head (the torch implementation's partial rotary)."""
     rows = qkv.shape[0]
     _, _, num_kv_heads, head_dim = k_cache.shape
     if qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError("qkv rows must hold the q, k and v heads contiguously")
-    if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (rows, head_dim)):
+    rotary_dim = cos.shape[1] if partial and cos.dim() == 2 and 0 < cos.shape[1] <= head_dim else head_dim
+    if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (rows, rotary_dim)):
         raise ValueError("cos and sin must be contiguous [T, head_dim]")
     if k_cache.stride() != v_cache.stride() or not k_cache[0].is_contiguous():
         raise ValueError("K and V blocks must be contiguous and laid out alike")

@@ -14,24 +14,26 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 
 from loraserve.config import ModelConfig
 from loraserve.errors import ModelLoadError
+from loraserve.models.decoder import DecoderForCausalLM, RMSNorm
+from loraserve.models.decoder_spec import GLOBAL_ROPE, DecoderSpec
 from loraserve.models.default_model import MODEL_NAME, default_model_dir
 from loraserve.models.dtypes import dtype_name, resolve_dtype, resolve_weights
-from loraserve.models.llama import LlamaForCausalLM, LlamaSpec
+from loraserve.models.families import decoder_spec
 from loraserve.models.platform import Platform, choose_platform
 from loraserve.models.rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # Checkpoint tensors that carry nothing we need (precomputed RoPE frequencies).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+SHARD_INDEX = "model.safetensors.index.json"
 
 
 @dataclass
 class LoadedModel:
     """A ready model and everything needed to turn text into its tokens and back."""
 
-    model: LlamaForCausalLM
+    model: DecoderForCausalLM
     tokenizer: PreTrainedTokenizerBase
     name: str  # the id clients use for the base model
     model_dir: Path
@@ -53,15 +55,14 @@ def load_model(config: ModelConfig) -> LoadedModel:
     platform = choose_platform(config.device, config.cache_dir / "kernels")
     dtype = resolve_dtype(config.dtype, config.device)
     weights = resolve_weights(config.weights, config.dtype, dtype, config.device)
-    spec = LlamaSpec.from_hf_config(hf_config)
-    rope = RotaryEmbedding(hf_config, spec.head_dim, spec.max_positions, dtype, config.device)
-    model = LlamaForCausalLM(spec, rope, dtype, config.device)
+    spec = decoder_spec(hf_config)
+    model = DecoderForCausalLM(spec, _ropes(hf_config, spec, dtype, config.device), dtype, config.device)
     if config.random_weights:
         _random_weights(model)
     else:
         _load_weights(model, model_dir)
     weights = platform.hold_weights(model, weights, config, model_dir, name)
-    logger.info("%s: %s compute, %s weights", name, dtype_name(dtype), weights)
+    logger.info("%s (%s): %s compute, %s weights", name, spec.model_type, dtype_name(dtype), weights)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     return LoadedModel(
         model=model.eval(),
@@ -79,22 +80,50 @@ def load_model(config: ModelConfig) -> LoadedModel:
 def _read_hf_config(model_dir: Path) -> PretrainedConfig:
     if not (model_dir / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model directory")
-    hf_config = AutoConfig.from_pretrained(model_dir)
-    if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            f"model_type {hf_config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+    try:
+        return AutoConfig.from_pretrained(model_dir)
+    except (ValueError, KeyError) as error:  # a model_type transformers does not know, or a broken config
+        try:
+            model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+        except (ValueError, AttributeError):
+            model_type = None
+        raise ModelLoadError(f"model_type {model_type!r} is not supported ({error})") from None
+
+
+def _ropes(
+    hf_config: PretrainedConfig, spec: DecoderSpec, dtype: torch.dtype, device: str
+) -> dict[str, RotaryEmbedding]:
+    """The rotary table of each name the layers read (one, or Gemma 3's one per layer type)."""
+    return {
+        name: RotaryEmbedding(
+            hf_config, None if name == GLOBAL_ROPE else name, spec.head_dim, spec.max_positions, dtype, device
         )
-    window = getattr(hf_config, "sliding_window", None)
-    uses_window = getattr(hf_config, "use_sliding_window", True)
-    if window is not None and uses_window and window < hf_config.max_position_embeddings:
-        raise ModelLoadError(f"sliding-window attention (sliding_window={window}) is not supported")
-    return hf_config
+        for name in {spec.rope(layer) for layer in range(spec.num_layers)}
+    }
 
 
-def _load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
+def _weight_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's safetensors: the shards its index names, else every *.safetensors (a repository may
+    also hold another format's single file beside the shards, as Mistral's do)."""
+    index = model_dir / SHARD_INDEX
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ModelLoadError(f"{index} is not a safetensors index: {error!r}") from None
+        paths = [model_dir / shard for shard in shards]
+        absent = [path.name for path in paths if not path.is_file() or path.parent != model_dir]
+        if absent:
+            raise ModelLoadError(f"{index} names shards that are not in {model_dir}: {absent[:3]}")
+        return paths
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{model_dir} has no *.safetensors weights (pickle checkpoints are not loaded)")
+    return files
+
+
+def _load_weights(model: DecoderForCausalLM, model_dir: Path) -> None:
+    files = _weight_files(model_dir)
     targets = model.hf_weight_targets()
     missing = set(targets)
     with tqdm(total=len(targets), desc="Loading weights", unit="tensor", leave=False) as progress:
@@ -102,8 +131,10 @@ def _load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
                     if name not in targets:
-                        if not name.endswith(_IGNORED_SUFFIXES) and name != "lm_head.weight":
-                            logger.warning("ignoring unexpected tensor %s in %s", name, path.name)
+                        if not name.endswith(_IGNORED_SUFFIXES) and name != "lm_head.weight":  # tied: the same
+                            raise ModelLoadError(
+                                f"{path.name} holds {name}, which the {model.spec.model_type} forward has no place for"
+                            )
                         continue
                     param, rows = targets[name]
                     tensor = f.get_tensor(name)
@@ -117,9 +148,13 @@ def _load_weights(model: LlamaForCausalLM, model_dir: Path) -> None:
                     progress.update()
     if missing:
         raise ModelLoadError(f"{model_dir} lacks {len(missing)} weights, e.g. {sorted(missing)[0]}")
+    if model.spec.norm_weight_offset:  # checkpoints of the family store w - offset (Gemma: 1 + w)
+        for norm in model.modules():
+            if isinstance(norm, RMSNorm):
+                norm.weight.data += model.spec.norm_weight_offset
 
 
-def _random_weights(model: LlamaForCausalLM, seed: int = 0) -> None:
+def _random_weights(model: DecoderForCausalLM, seed: int = 0) -> None:
     """Norms at 1, everything else N(0, 0.02) as transformers initialises Llama, drawn on the model's device."""
     generator = torch.Generator(model.embed_tokens.device).manual_seed(seed)
     for name, param in model.named_parameters():

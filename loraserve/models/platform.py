@@ -1,6 +1,6 @@
 """The platform seam: one object per kind of device (cpu/, cuda/), chosen once at start by
 `choose_platform`, answers every device question of the model (its layer ops, decode attention,
-the matmul weights' form and, optionally, a fused decode step), so the model (llama.py,
+the matmul weights' form and, optionally, a fused decode step), so the model (decoder.py,
 attention.py) is written once, and a model family is a small file over the same ops."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from loraserve.models.attention import DecodeAttention
+from loraserve.models.decoder import DecoderForCausalLM, KVCache
 from loraserve.models.layer_ops import LayerOps
-from loraserve.models.llama import KVCache, LlamaForCausalLM
 
 if TYPE_CHECKING:
     from loraserve.config import ModelConfig
@@ -60,7 +60,7 @@ class GraphSettings:
 class StepPlan:
     """What a fused decode step is planned over, once at start."""
 
-    model: LlamaForCausalLM
+    model: DecoderForCausalLM
     kv_caches: list[KVCache]
     adapter_slots: AdapterSlots
     block_size: int
@@ -80,7 +80,7 @@ class Platform(ABC):
         """The kernel for one-token rows; None: attention.py's torch paths."""
 
     def hold_weights(
-        self, model: LlamaForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str
+        self, model: DecoderForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str
     ) -> str:
         """Hold the loaded matmul weights of model `name` as `weights` (dtypes.resolve_weights) in this
         platform's fastest form; returns how they are held. Here: as loaded."""

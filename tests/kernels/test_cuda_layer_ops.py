@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from loraserve.models.cuda.layer_ops import CudaLayerOps
-from loraserve.models.llama import RMSNorm
+from loraserve.models.decoder import RMSNorm
 from loraserve.models.rope import apply_rotary
 
 DEVICES = [

@@ -12,10 +12,10 @@ from loraserve.lora.adapter_state import AdapterState
 from loraserve.lora.manager import AdapterManager, AdapterSource
 from loraserve.lora.slots import AdapterSlots
 from loraserve.memory.pool import MemoryPool
-from loraserve.models.llama import LlamaSpec
+from loraserve.models.decoder_spec import DecoderSpec
 
-TINY_SPEC = LlamaSpec(
-    vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+TINY_SPEC = DecoderSpec(
+    model_type="llama", vocab_size=32, hidden_size=8, intermediate_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
     head_dim=4, rms_norm_eps=1e-6, max_positions=64, tie_word_embeddings=True, qkv_bias=False,
 )  # fmt: skip
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from loraserve import SamplingParams
 from loraserve.models.cpu.layer_ops import LayerOpsKernel, load_layer_ops
-from loraserve.models.llama import RMSNorm
+from loraserve.models.decoder import RMSNorm
 from loraserve.models.rope import apply_rotary
 from tests.conftest import CHAT_PROMPTS
 

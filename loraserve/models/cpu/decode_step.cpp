@@ -6,7 +6,7 @@
 // reaches them through function pointers. Python plans once (weights, caches, adapter tables:
 // decode_step.py) and hands each step only its rows' integers: the step looks up their
 // embeddings and rotary rows itself (in torch, those small ops and tensors took 70 us a step,
-// more right after a step has pushed them out of cache). The order of operations is llama.py's,
+// more right after a step has pushed them out of cache). The order of operations is decoder.py's,
 // so the result is the same to the last bit.
 #include <algorithm>
 #include <cstdint>
@@ -164,7 +164,7 @@ class StepRunner {
                                                       m_.hidden, float(m_.eps), threads_);
     }
 
-    // out = x W^T (+ bias), then each adapted row's LoRA added, as llama.py's project().
+    // out = x W^T (+ bias), then each adapted row's LoRA added, as decoder.py's project().
     void project(const Matmul& w, const LoraGroup& lora, const T* x, T* out) {
         if (w.scales != nullptr) {
             using Fn = void (*)(const T*, int64_t, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, int64_t,

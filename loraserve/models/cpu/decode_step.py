@@ -26,8 +26,8 @@ import torch
 from loraserve.models.cpu.attention import load_decode_kernel
 from loraserve.models.cpu.layer_ops import load_layer_ops
 from loraserve.models.cpu.linear import NarrowMatmul
+from loraserve.models.decoder import DecoderForCausalLM
 from loraserve.models.linear import Linear
-from loraserve.models.llama import LlamaForCausalLM
 from loraserve.models.platform import DecodeRows, StepPlan
 from sgmv_kernels.build import load_library
 from sgmv_kernels.native import ProjectionGroup, RowChunks, load_kernel
@@ -111,7 +111,7 @@ class CpuDecodeStep:
     """The model's decode steps as one native call each; plan once with `plan_decode_step`."""
 
     def __init__(
-        self, library: ctypes.CDLL, model: LlamaForCausalLM, plan: _Model, keep: list[object], has_dora: list[bool]
+        self, library: ctypes.CDLL, model: DecoderForCausalLM, plan: _Model, keep: list[object], has_dora: list[bool]
     ) -> None:
         self._model, self._plan, self._keep = model, plan, keep  # keep: what the plan points into
         self._has_dora = has_dora  # AdapterSlots.has_dora, by slot

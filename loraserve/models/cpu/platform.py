@@ -31,10 +31,10 @@ from loraserve.models.cpu.decode_step import plan_decode_step
 from loraserve.models.cpu.layer_ops import load_layer_ops
 from loraserve.models.cpu.linear import NarrowMatmul, PackedInt8, load_linear_kernel
 from loraserve.models.cpu.packed_weights_cache import PackedWeightsCache
+from loraserve.models.decoder import DecoderForCausalLM
 from loraserve.models.dtypes import BFLOAT16_DOT, cpu_has_amx, dtype_name
 from loraserve.models.layer_ops import LayerOps
 from loraserve.models.linear import Linear
-from loraserve.models.llama import LlamaForCausalLM
 from loraserve.models.platform import FusedStep, Platform, StepPlan
 
 
@@ -51,7 +51,7 @@ class CpuPlatform(Platform):
         return kernel if kernel is not None and kernel.supports(dtype) else None
 
     def hold_weights(
-        self, model: LlamaForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str
+        self, model: DecoderForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str
     ) -> str:
         """Through our kernel where it holds `weights`, else by oneDNN for bfloat16."""
         if weights != dtype_name(model.dtype) or model.dtype == torch.bfloat16:
@@ -99,7 +99,7 @@ def onednn_reorders_bfloat16() -> bool:
     return True
 
 
-def _hold_narrow(model: LlamaForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str) -> str:
+def _hold_narrow(model: DecoderForCausalLM, weights: str, config: ModelConfig, model_dir: Path, name: str) -> str:
     """Hold the matmul weights as `weights` through our kernel; returns how they are held. Without
     the kernel (no compiler): an error when asked for by name, else (auto) the compute dtype's. int8
     panels come from the cache beside the model when it has them (packed_weights_cache.py)."""

@@ -32,7 +32,7 @@ from loraserve.lora.batch import NO_ADAPTER, LoraBatch, adapter_runs
 from loraserve.lora.dora_rows import PooledDoraRows
 from loraserve.lora.slots import AdapterSlots
 from loraserve.models.attention import AttentionGroup, AttentionMetadata, DecodeAttention
-from loraserve.models.llama import KVCache, LlamaForCausalLM
+from loraserve.models.decoder import DecoderForCausalLM, KVCache
 from loraserve.models.platform import DecodeRows
 from sgmv_kernels.expand import DECODE_SEGMENT_ROWS
 
@@ -116,7 +116,7 @@ class DecodeGraphs:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: DecoderForCausalLM,
         kv_caches: list[KVCache],
         adapter_slots: AdapterSlots,
         decode_kernel: DecodeAttention,
@@ -180,6 +180,8 @@ class DecodeGraphs:
             max_query_len=1,
             block_tables=inputs.block_tables[:bucket],
             attend_bias=inputs.block_tables.new_empty(0),  # the decode kernel masks by context length
+            window_tables=None,  # graphs serve Llama's forward alone (model_runner.py)
+            window_bias=None,
             padded_index=None,
             context_lens=inputs.context_lens[:bucket],
         )

@@ -1,5 +1,5 @@
 """Every model family served gives transformers' greedy tokens (base rows) and transformers + peft's
-(adapter rows, a random LoRA on every projection as PEFT names them) in one mixed batch: tiny random
+(adapter rows, a random LoRA and a DoRA on every projection as PEFT names them) in one mixed batch: tiny random
 checkpoints saved with `save_pretrained`, float32, on the generic path and with 16-bit weights
 (against transformers on the same rounded weights). Prompts and generations run past the sliding
 windows, and past Phi's original context (LongRoPE's switch to its long factors)."""
@@ -93,12 +93,14 @@ FAMILIES = {
 }  # fmt: skip
 
 
+ADAPTERS = {"lora": dict(r=8, lora_alpha=16), "dora": dict(r=4, lora_alpha=8, use_rslora=True, use_dora=True)}
+
+
 @dataclass
 class Checkpoint:
     path: Path
-    adapter: Path
     base: torch.nn.Module  # transformers' model
-    adapted: torch.nn.Module  # with peft's adapter
+    adapters: dict[str, tuple[Path, torch.nn.Module]]  # name -> (its directory, peft's model)
 
 
 def _checkpoint(family: Family, model_dir: Path, tmp_path: Path) -> Checkpoint:
@@ -110,17 +112,20 @@ def _checkpoint(family: Family, model_dir: Path, tmp_path: Path) -> Checkpoint:
     base.save_pretrained(path, max_shard_size="2MB")  # sharded, with model.safetensors.index.json
     for name in TOKENIZER_FILES:
         shutil.copy(model_dir / name, path / name)
-    peft_base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    adapted = get_peft_model(
-        peft_base, LoraConfig(r=8, lora_alpha=16, target_modules=family.targets, init_lora_weights=False)
-    )
-    with torch.no_grad():
-        for name, param in adapted.named_parameters():
-            if "lora_B" in name:
-                param.mul_(0.3)
-    adapter = tmp_path / "adapter"
-    adapted.save_pretrained(adapter)
-    return Checkpoint(path, adapter, base, adapted.eval())
+    adapters = {}
+    for name, settings in ADAPTERS.items():
+        peft_base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        config = LoraConfig(target_modules=family.targets, init_lora_weights=False, **settings)
+        adapted = get_peft_model(peft_base, config)
+        with torch.no_grad():  # B as large as the base weights would drown them; DoRA's m moved off the norms
+            for parameter_name, param in adapted.named_parameters():
+                if "lora_B" in parameter_name:
+                    param.mul_(0.3)
+                if "lora_magnitude_vector" in parameter_name:
+                    param.mul_(1 + 0.1 * torch.randn_like(param))
+        adapters[name] = (tmp_path / name, adapted.eval())
+        adapted.save_pretrained(tmp_path / name)
+    return Checkpoint(path, base, adapters)
 
 
 def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
@@ -133,10 +138,13 @@ def _greedy(model: torch.nn.Module, prompt: list[int]) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def _mixed_batch(llm: LLM) -> list[list[int]]:
-    """Each prompt as a base row and as an adapter row, in one batch."""
-    prompts = [prompt for prompt in PROMPTS for _ in range(2)]
-    adapters = [None, "persona"] * len(PROMPTS)
+ROWS = [None, *ADAPTERS]  # each prompt's rows: the base model, then each adapter
+
+
+def _mixed_batch(llm: LLM, rows: list[str | None] = ROWS) -> list[list[int]]:
+    """Each prompt as a base row and as each adapter's row, in one batch."""
+    prompts = [prompt for prompt in PROMPTS for _ in rows]
+    adapters = rows * len(PROMPTS)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate(prompts, params, adapters=adapters, use_tqdm=False)
     return [output.outputs[0].token_ids for output in outputs]
@@ -156,12 +164,17 @@ def _rounded(model: torch.nn.Module) -> torch.nn.Module:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_gives_transformers_and_peft_tokens_in_one_mixed_batch(name, model_dir, tmp_path):
     checkpoint = _checkpoint(FAMILIES[name], model_dir, tmp_path)
-    expected = [tokens for p in PROMPTS for tokens in (_greedy(checkpoint.base, p), _greedy(checkpoint.adapted, p))]
-    assert expected[0::2] != expected[1::2], "the adapter changes no answer: the comparison would have no teeth"
-    for weights, reference in (("float32", expected), ("bfloat16", None)):
-        if reference is None:  # 16-bit weights: transformers + peft on the same rounded weights
-            rounded_base, rounded_adapted = _rounded(checkpoint.base), _rounded(checkpoint.adapted)
-            reference = [t for p in PROMPTS for t in (_greedy(rounded_base, p), _greedy(rounded_adapted, p))]
-        with LLM(str(checkpoint.path), dtype="float32", weights=weights, num_pages=64, max_lora_rank=8) as llm:
-            llm.add_adapter("persona", checkpoint.adapter)
-            assert _mixed_batch(llm) == reference, f"{name} with {weights} weights"
+    models = [checkpoint.base, *(model for _, model in checkpoint.adapters.values())]
+    expected = [_greedy(model, prompt) for prompt in PROMPTS for model in models]
+    for row, adapter in enumerate(ROWS[1:], start=1):
+        assert expected[row::3] != expected[::3], f"{adapter} changes no answer: the comparison would have no teeth"
+    with LLM(str(checkpoint.path), dtype="float32", num_pages=64, max_lora_rank=8) as llm:
+        for adapter, (path, _) in checkpoint.adapters.items():
+            llm.add_adapter(adapter, path)
+        assert _mixed_batch(llm) == expected
+    # 16-bit weights: transformers + peft on the same rounded weights. DoRA's rows are left out: their
+    # norms ||W + s B A|| take ||W|| from the weights as loaded, before rounding (lora/dora.py).
+    rounded = [_rounded(model) for model in models[:2]]
+    with LLM(str(checkpoint.path), dtype="float32", weights="bfloat16", num_pages=64, max_lora_rank=8) as llm:
+        llm.add_adapter("lora", checkpoint.adapters["lora"][0])
+        assert _mixed_batch(llm, ROWS[:2]) == [_greedy(model, prompt) for prompt in PROMPTS for model in rounded]

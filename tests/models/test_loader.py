@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from loraserve import LLM, SamplingParams
@@ -15,6 +17,10 @@ from loraserve.models import load_model
 from loraserve.models.default_model import default_model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+TINY = dict(
+    vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=64,
+)  # fmt: skip
 
 
 def test_default_model_is_converted_once_and_reused(model_dir, tmp_path):
@@ -82,4 +88,48 @@ def test_directory_without_config_or_weights_is_refused(model_dir, tmp_path):
 def test_unsupported_architecture_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(ModelLoadError, match="model_type 'gpt2' is not supported"):
+        load_model(ModelConfig(model=str(tmp_path)))
+
+
+REFUSED = {
+    "mixtral": ({"model_type": "mixtral", "num_local_experts": 8}, "'mixtral' is not supported: a mixture-of-experts"),
+    "qwen3-moe": (
+        {"model_type": "qwen3_moe", "num_experts": 128},
+        "'qwen3_moe' is not supported: a mixture-of-experts",
+    ),
+    "gemma3-multimodal": (
+        {"model_type": "gemma3", "text_config": {"hidden_size": 64}, "vision_config": {}},
+        r"'gemma3' is not supported: a multimodal model \(vision_config\)",
+    ),
+    "unknown": ({"model_type": "no-such-family"}, "model_type 'no-such-family' is not supported"),
+    "activation": ({"model_type": "llama", "hidden_act": "gelu", **TINY}, "llama: hidden_act='gelu' is not supported"),
+    "bidirectional": (
+        {"model_type": "gemma3_text", "use_bidirectional_attention": True, **TINY},
+        "use_bidirectional_attention=True is not supported",
+    ),
+    "layer-type": (
+        {"model_type": "qwen3", "layer_types": ["chunked_attention"] * 2, **TINY},
+        r"layer_types \['chunked_attention'\] are not supported",
+    ),
+    "dynamic-rope": (
+        {"model_type": "llama", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, **TINY},
+        "rope_type 'dynamic' is not supported",
+    ),
+}
+
+
+@pytest.mark.parametrize("config, says", REFUSED.values(), ids=REFUSED.keys())
+def test_a_model_the_forward_would_get_wrong_is_refused_by_name_at_start(config, says, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=says):
+        load_model(ModelConfig(model=str(tmp_path), random_weights=True))
+
+
+def test_a_checkpoint_tensor_the_forward_has_no_place_for_is_refused(model_dir, tmp_path):
+    _tiny_checkpoint(LlamaConfig(**TINY), model_dir, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)  # a bias the config does not declare
+    save_file(tensors, weights)
+    with pytest.raises(ModelLoadError, match=r"holds model\.layers\.0\.self_attn\.q_proj\.bias, which the llama"):
         load_model(ModelConfig(model=str(tmp_path)))

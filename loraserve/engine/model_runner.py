@@ -67,14 +67,14 @@ class ModelRunner:
         plan = StepPlan(
             self.model, self.pool.kv_caches, self.adapter_slots, self.block_size, self._take_scratch_block, graphs
         )
-        departures = self.model.departures()
-        self.fused_step = None if departures else platform.fused_step(plan)  # decode steps in one call
-        if departures:
+        uncovered = [d for d in self.model.departures() if d not in platform.fused_step_covers]
+        self.fused_step = None if uncovered else platform.fused_step(plan)  # decode steps in one call
+        if uncovered:
             logger.info(
                 "%s departs from Llama's forward (%s), which the fused decode step does not cover yet: decode "
                 "steps run layer by layer, on the same kernels",
                 self.model.spec.model_type,
-                ", ".join(departures),
+                ", ".join(uncovered),
             )
 
     def _take_scratch_block(self) -> int:

@@ -30,6 +30,7 @@ Activation = Literal["silu", "gelu_tanh"]
 # The projections LoRA adapts, in the order the decoder computes them.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GLOBAL_ROPE = "global"
+QK_NORMS_PER_HEAD = "q/k norms per head"  # a departure the CPU's fused decode step takes (cpu/decode_step.cpp)
 
 
 @dataclass(frozen=True)
@@ -95,17 +96,17 @@ class DecoderSpec:
         return {**{p: (p,) for p in PROJECTIONS if p not in covered}, **fused}
 
     def departures(self) -> list[str]:
-        """This family's departures from Llama's forward, in words (what a fast path must know)."""
+        """How this family's layers depart from Llama's, in words: what a fused decode step must know
+        (biases, the attention scale and what happens to the logits are the same code for every family)."""
         named = {
-            "norms after the blocks": self.norms != "pre",
-            "q/k norms": self.qk_norm is not None,
+            "norms around the blocks": self.norms != "pre",
+            QK_NORMS_PER_HEAD: self.qk_norm == "head",
+            "q/k norms over all heads": self.qk_norm == "all",
             "GeGLU": self.activation != "silu",
-            "soft-capping": self.attention_softcap is not None or self.logit_softcap is not None,
-            "scaled embeddings, residuals or logits": (self.embedding_scale, self.residual_scale, self.logit_divisor)
-            != (1.0, 1.0, 1.0),
+            "attention soft-capping": self.attention_softcap is not None,
+            "scaled embeddings or residuals": (self.embedding_scale, self.residual_scale) != (1.0, 1.0),
             "sliding windows": self.sliding_window is not None,
             "per-layer rotary bases": len(set(self.layer_ropes)) > 1,
-            "biases on o_proj or the MLP": self.o_bias or self.mlp_bias,
         }
         return [name for name, departs in named.items() if departs]
 

@@ -71,6 +71,10 @@ class StepPlan:
 class Platform(ABC):
     """The device's answers; each method is asked once, at start."""
 
+    # The departures from Llama's forward (DecoderForCausalLM.departures) its fused step computes;
+    # a model with any other decodes layer by layer.
+    fused_step_covers: frozenset[str] = frozenset()
+
     @abstractmethod
     def layer_ops(self, dtype: torch.dtype) -> LayerOps | None:
         """The fused per-layer ops for `dtype`; None: torch's (layer_ops.py)."""

@@ -1,8 +1,8 @@
 """A decode step in one native call (models/cpu/decode_step.py) gives the layer-by-layer step's
 results bit for bit: the same tokens and the same log-probs, over a batch mixing adapters and
 the base model, for every weights mode it serves (bfloat16 compute and weights where the kernel
-has bfloat16 dot products), in the build for this CPU and the AVX2 one; with q/k/v biases; and a
-step it cannot serve (a DoRA adapter's row) runs layer by layer."""
+has bfloat16 dot products), in the build for this CPU and the AVX2 one; with biases and Qwen3's q/k
+norms; and a step it cannot serve (a DoRA adapter's row) runs layer by layer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from loraserve import LLM, SamplingParams
 from loraserve.models.cpu.decode_step import CpuDecodeStep
@@ -83,11 +83,18 @@ def test_native_step_gives_the_layered_steps_bits_over_mixed_adapters(dtype, wei
     assert tokens_and_logprobs(native) == tokens_and_logprobs(layered)
 
 
-def test_native_step_adds_qkv_biases(model_dir, tmp_path):
-    config = Qwen2Config(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.5,
-    )  # fmt: skip
+TINY = dict(
+    vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, tie_word_embeddings=False, initializer_range=0.5,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config",
+    [Qwen2Config(**TINY), Qwen3Config(**TINY, head_dim=16), LlamaConfig(**TINY, attention_bias=True, mlp_bias=True)],
+    ids=["qwen2-qkv-biases", "qwen3-qk-norms", "llama-all-biases"],
+)
+def test_native_step_takes_the_families_it_covers(config, model_dir, tmp_path):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):

@@ -41,6 +41,8 @@ struct Layer {
     LoraGroup lora_qkv, lora_o, lora_gate_up, lora_down;
     void* k_cache;  // [num_blocks, block_size, Hkv, D]
     void* v_cache;
+    const void* q_norm;  // [D]: q and k RMS-normalized per head before the rotary (Qwen3); null: none
+    const void* k_norm;
 };
 
 // The kernels' entry points, as void* so that Python fills them; cast where called.
@@ -197,6 +199,8 @@ class StepRunner {
         T* k_cache = static_cast<T*>(layer.k_cache);
         T* v_cache = static_cast<T*>(layer.v_cache);
         const int64_t width = qkv_width(m_);
+        norm_heads(layer.q_norm, 0, m_.num_heads);
+        norm_heads(layer.k_norm, m_.num_heads, m_.num_kv_heads);
         using Rotary = void (*)(T*, int64_t, const T*, const T*, int64_t, int64_t, int64_t, int64_t, T*, T*, int64_t,
                                 const int64_t*, const int64_t*, int);
         reinterpret_cast<Rotary>(m_.kernels.rotary_store_kv)(
@@ -207,6 +211,20 @@ class StepRunner {
         reinterpret_cast<Attention>(m_.kernels.attention)(
             b_.qkv, width, k_cache, v_cache, m_.block_stride, s_.block_tables, s_.max_blocks, s_.context_lens, s_.rows,
             m_.num_heads, m_.num_kv_heads, m_.head_dim, m_.block_size, float(m_.scale), b_.attended, threads_);
+    }
+
+    // Heads [first, first + count) of every row RMS-normalized in place (decoder.py's _norm_q_and_k), through
+    // `attended` (free until attention writes it).
+    void norm_heads(const void* weight, int64_t first, int64_t count) {
+        if (weight == nullptr) return;
+        const int64_t width = qkv_width(m_), head_dim = m_.head_dim;
+        using Fn = void (*)(const T*, T*, const T*, T*, int64_t, int64_t, float, int);
+        for (int64_t r = 0; r < s_.rows; r++) {
+            T* heads = b_.qkv + r * width + first * head_dim;
+            reinterpret_cast<Fn>(m_.kernels.add_rms_norm)(nullptr, heads, static_cast<const T*>(weight), b_.attended,
+                                                          count, head_dim, float(m_.eps), threads_);
+            std::copy_n(b_.attended, count * head_dim, heads);
+        }
     }
 
     const Model& m_;

@@ -62,6 +62,8 @@ class _Layer(ctypes.Structure):
         *((f"lora_{name}", _LoraGroup) for name in _MATMULS),
         ("k_cache", _P),
         ("v_cache", _P),
+        ("q_norm", _P),
+        ("k_norm", _P),
     ]
 
 
@@ -195,6 +197,7 @@ def plan_decode_step(plan: StepPlan, kernel_dir: Path) -> CpuDecodeStep | None:
             layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
             *(_matmul(linears[name]) for name in _MATMULS), *(_lora_group(groups[name]) for name in _MATMULS),
             k_cache.data_ptr(), v_cache.data_ptr(),
+            *((attn.q_norm.weight.data_ptr(), attn.k_norm.weight.data_ptr()) if hasattr(attn, "q_norm") else ()),
         )  # fmt: skip
         layers.append(planned)
     table = (_Layer * len(layers))(*layers)

@@ -32,6 +32,7 @@ from loraserve.models.cpu.layer_ops import load_layer_ops
 from loraserve.models.cpu.linear import NarrowMatmul, PackedInt8, load_linear_kernel
 from loraserve.models.cpu.packed_weights_cache import PackedWeightsCache
 from loraserve.models.decoder import DecoderForCausalLM
+from loraserve.models.decoder_spec import QK_NORMS_PER_HEAD
 from loraserve.models.dtypes import BFLOAT16_DOT, cpu_has_amx, dtype_name
 from loraserve.models.layer_ops import LayerOps
 from loraserve.models.linear import Linear
@@ -39,6 +40,8 @@ from loraserve.models.platform import FusedStep, Platform, StepPlan
 
 
 class CpuPlatform(Platform):
+    fused_step_covers = frozenset({QK_NORMS_PER_HEAD})
+
     def __init__(self, kernel_dir: Path) -> None:
         self.kernel_dir = kernel_dir
 

@@ -88,14 +88,15 @@ class LLM:
         adapters: str | Sequence[str | None] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Answer each conversation, tokenized exactly as `apply_chat_template(..., tokenize=True)` does."""
+        """Answer each conversation, tokenized as `chat_prompt_ids` does."""
         single = bool(conversations) and isinstance(conversations[0], dict)
         batch = [cast(Conversation, conversations)] if single else list(cast(Sequence[Conversation], conversations))
         prompts: list[Prompt] = [self.chat_prompt_ids(conv) for conv in batch]
         return self._run(prompts, sampling_params, adapters, use_tqdm)
 
     def chat_prompt_ids(self, conversation: Conversation) -> list[int]:
-        """The prompt's token ids, as `apply_chat_template(..., tokenize=True)` returns them."""
+        """The prompt's token ids, as `apply_chat_template(..., tokenize=True)` returns them (for a template without a
+        system role, after folding the system messages into the first user message: engine/system_role.py)."""
         return chat_prompt_ids(self.tokenizer, conversation)
 
     def _run(

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from loraserve.engine import CompletionOutput, RequestOutput, SamplingParams, TokenLogprob
 from loraserve.engine.chat import chat_prompt_ids
+from loraserve.engine.system_role import SYSTEM_ROLES
 from loraserve.errors import InvalidRequestError, LoraserveError, ModelNotFoundError, UnknownAdapterError
 from loraserve.server.auth import grant_of
 from loraserve.server.errors import stream_error_event
@@ -83,7 +84,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         conversation = [message.template_message(i) for i, message in enumerate(body.messages)]
         target = await _target_of(state, body)
         persona = target.adapter.system_prompt if target.adapter is not None else None
-        if persona and not any(message["role"] in ("system", "developer") for message in conversation):
+        if persona and not any(message["role"] in SYSTEM_ROLES for message in conversation):
             conversation.insert(0, {"role": "system", "content": persona})
         tools = body.tools if tool_call is not None else None
         prompt = await state.engine.offload(chat_prompt_ids, state.tokenizer, conversation, tools)

@@ -35,6 +35,7 @@ def run_module(module: str, *args: str) -> str:
         "benchmarks.bench_swapping",
         "benchmarks.bench_structured",
         "benchmarks.bench_speculative",
+        "benchmarks.bench_sliding_window",
         "benchmarks.profile_lora_step",
     ],
 )

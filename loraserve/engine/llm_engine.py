@@ -68,6 +68,7 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.pool.pages, config.cache.block_size, config.cache.prefix_caching,
             reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV (make_room)
+            window=spec.window_of_every_layer,  # KV behind it goes back to the pool
         )  # fmt: skip
         speculation = config.speculation
         proposer = None
@@ -273,6 +274,7 @@ class LLMEngine:
             waiting_adapters=_adapters_of(self.scheduler.waiting),
             kv_cache_usage=kv_pages / max(1, kv_capacity),
             preemptions=self.scheduler.num_preemptions,
+            released_behind_window=self.block_manager.num_released_behind_window,
             prefix_cache_blocks=self.block_manager.num_cached_blocks,
             prefix_cache_queried_tokens=self.scheduler.prefix_cache_queried_tokens,
             prefix_cache_hit_tokens=self.scheduler.prefix_cache_hit_tokens,

@@ -4,7 +4,8 @@ Python, no torch: tested without a model.
 Every step: running sequences first (decodes before prompt chunks), then waiting ones while the token
 budget, the running cap and the free KV blocks allow; a prompt longer than the budget left is computed in
 chunks over several steps, and an admitted sequence starts on its longest cached prefix (block_manager.py),
-which takes nothing from the budget. Asked on the way: admission.py (SLO targets and deadlines: who is
+which takes nothing from the budget; after each step, the blocks that fell behind every layer's sliding
+window go back (block_manager.py). Asked on the way: admission.py (SLO targets and deadlines: who is
 refused or dropped, how many run), fair_share.py (which waiting sequence starts next), adapter_admission.py
 (whether an adapter joins, which one drains for a slot), preemption.py (who gives way), draft_budget.py
 (speculative drafts); token_recorder.py records what the step sampled.
@@ -200,7 +201,10 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, output: StepOutput) -> list[Request]:
         """Record the step's tokens; finish sequences that are done. Returns the requests touched."""
-        return self.recorder.record(batch, output, self.clock())
+        touched = self.recorder.record(batch, output, self.clock())
+        for seq in self.running:  # computed further (forks too): what fell behind a window goes back
+            self.block_manager.release_behind_window(seq)
+        return touched
 
     def take_failed(self) -> list[Request]:
         """Requests ended with an error since the last call, the ones `schedule` found failing included. Call

@@ -55,7 +55,8 @@ class Request:
 
 @dataclass(eq=False)
 class Sequence:
-    """One completion. The block manager alone changes `block_table`; the scheduler alone `status`."""
+    """One completion. The block manager alone changes `block_table` and `num_released_blocks`; the scheduler
+    alone `status`."""
 
     seq_id: int
     request: Request
@@ -64,6 +65,7 @@ class Sequence:
     num_prompt_tokens: int
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
+    num_released_blocks: int = 0  # leading entries given back from behind the sliding window (block_manager.py)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     cache_salt: bytes = b""  # the adapter's content hash: keys its prefix-cache blocks (prefix_cache.py)
     lora_slot: int = NO_ADAPTER  # the adapter's slot while it runs (the scheduler sets it at admission)

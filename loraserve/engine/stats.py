@@ -98,6 +98,10 @@ class EngineStats:
         "kv_cache_usage", vllm=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second: older routers
     )  # fmt: skip
     preemptions: int = stat("Sequences preempted since start", "preemptions")
+    released_behind_window: int = stat(
+        "KV blocks back in the pool since start because they fell behind every layer's sliding window",
+        "kv_blocks_released_behind_window", "pages.released_behind_window",
+    )  # fmt: skip
     prefix_cache_blocks: int = stat(
         "KV blocks findable by their prefix (in use or free)", "prefix_cache_blocks", "prefix_cache.blocks"
     )

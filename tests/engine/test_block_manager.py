@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loraserve.engine.block_manager import BlockManager
+from loraserve.engine.block_manager import PLACEHOLDER, BlockManager
 from loraserve.memory.page_allocator import PageAllocator, PageUse
 from tests.engine.helpers import make_sequence
 
@@ -152,3 +152,144 @@ def test_reset_forgets_every_cached_prefix():
     computed(manager, make_sequence(9, seq_id=0), 9)
     manager.reset_prefix_cache()
     assert manager.attach_cached_prefix(make_sequence(9, seq_id=1)) == 0
+
+
+WINDOW = 8  # with blocks of 4: a token at position p attends keys (p - 8, p]
+
+
+def windowed(num_pages: int = 16, **settings) -> BlockManager:
+    return BlockManager(PageAllocator(num_pages), block_size=4, window=WINDOW, **settings)
+
+
+def advance(manager: BlockManager, seq, num_tokens: int) -> None:
+    """A step: `num_tokens` more computed (and published), then what fell behind the window goes back."""
+    computed(manager, seq, seq.num_computed_tokens + num_tokens)
+    manager.release_behind_window(seq)
+
+
+def test_a_block_goes_back_once_no_key_of_it_is_in_the_window_of_the_next_token():
+    manager = windowed()
+    seq = make_sequence(30)
+    held = []
+    for num_computed in range(1, 30):
+        advance(manager, seq, 1)
+        held += seq.block_table[len(held) :]  # each block as it is taken
+        # The next query, at position num_computed, reads keys (num_computed - 8, num_computed].
+        behind = [i for i in range(len(held)) if (i + 1) * 4 - 1 <= num_computed - WINDOW]
+        assert seq.num_released_blocks == len(behind), f"{num_computed} tokens computed"
+        assert seq.block_table[: len(behind)] == [PLACEHOLDER] * len(behind)
+        assert all(manager.ref_count(held[i]) == (0 if i in behind else 1) for i in range(len(held)))
+    assert seq.num_released_blocks == 5  # 29 computed: keys 22..29 are read, blocks 0..4 (0..19) are not
+    assert manager.num_released_behind_window == 5
+    assert manager.num_free_blocks == 16 - 3  # blocks 5..7 held: positions 20..31
+    manager.free(seq)
+    assert manager.num_free_blocks == 16 and all(manager.ref_count(b) == 0 for b in range(16))
+
+
+def test_without_a_window_every_block_stays():
+    manager = BlockManager(PageAllocator(16), block_size=4)
+    seq = make_sequence(30)
+    advance(manager, seq, 30)
+    assert seq.num_released_blocks == 0 and PLACEHOLDER not in seq.block_table[1:]
+    assert manager.num_free_blocks == 16 - 8 and manager.num_released_behind_window == 0
+
+
+def test_a_placeholder_is_never_released_though_its_page_is_another_sequences():
+    manager = windowed(num_pages=8)
+    owner, other = make_sequence(4, seq_id=0), make_sequence(20, seq_id=1)
+    manager.allocate(owner, 4)
+    assert owner.block_table == [PLACEHOLDER], "the first page taken is the placeholder's"
+    advance(manager, other, 20)
+    assert other.block_table[:3] == [PLACEHOLDER] * 3
+    manager.release_behind_window(other)  # again, nothing more behind: nothing happens
+    assert manager.num_released_behind_window == 3 and manager.ref_count(PLACEHOLDER) == 1
+    manager.free(other)
+    assert manager.ref_count(PLACEHOLDER) == 1, "the owner's block"
+    manager.free(owner)
+    assert manager.num_free_blocks == 8 and all(manager.ref_count(b) == 0 for b in range(8))
+
+
+def test_siblings_each_release_their_share_and_a_page_goes_back_with_its_last_holder():
+    manager = windowed()
+    parent = make_sequence(14)
+    advance(manager, parent, 14)  # keys 7..14 are read next: block 0 is behind
+    prompt_blocks = [PLACEHOLDER, *parent.block_table[1:]]
+    child = parent.fork(seq_id=1, index=1)
+    manager.fork(parent, child)
+    assert child.block_table == prompt_blocks and child.num_released_blocks == 1
+    assert [manager.ref_count(b) for b in prompt_blocks[1:]] == [2, 2, 2]
+    for seq, token in ((parent, 100), (child, 200)):  # each writes its own copy of the shared last block
+        seq.token_ids += [token] * 6
+        advance(manager, seq, 6)  # 20 computed: keys 13..20 are read next, blocks 0..2 behind
+    assert parent.num_released_blocks == child.num_released_blocks == 3
+    assert manager.num_released_behind_window == 1 + 2, "block 0 before the fork; 1 and 2 with their last holder"
+    manager.free(parent)
+    manager.free(child)
+    assert manager.num_free_blocks == 16 and all(manager.ref_count(b) == 0 for b in range(16))
+
+
+def test_a_fork_before_the_parents_release_holds_the_blocks_until_it_releases_them_too():
+    """The scheduler forks n > 1 siblings before the step that computes the prompt's last token."""
+    manager = windowed()
+    parent = make_sequence(14)
+    manager.allocate(parent, 14)
+    child = parent.fork(seq_id=1, index=1)
+    manager.fork(parent, child)
+    first = parent.block_table[0]
+    for seq in (parent, child):
+        before, seq.num_computed_tokens = seq.num_computed_tokens, 14
+        manager.publish_computed_blocks(seq, before)
+    manager.release_behind_window(parent)
+    assert manager.ref_count(first) == 1 and manager.num_released_behind_window == 0
+    manager.release_behind_window(child)
+    assert manager.ref_count(first) == 0 and manager.num_released_behind_window == 1
+
+
+def test_a_released_block_stays_findable_and_a_new_sequence_holds_only_its_windows_blocks():
+    manager = windowed()
+    first = make_sequence(22, seq_id=0)
+    manager.allocate(first, 22)
+    blocks = list(first.block_table)
+    computed(manager, first, 22)  # blocks 0..4 full: published, then 0..3 behind the window
+    manager.release_behind_window(first)
+    assert first.num_released_blocks == 3 and manager.num_cached_blocks == 5
+    second = make_sequence(22, seq_id=1)
+    second.token_ids[21] = 999  # the same first 21 tokens: blocks 0..4 are found
+    assert manager.attach_cached_prefix(second) == 20
+    # 20 computed: keys 13..20 are read next, blocks 0..2 never: left in the pool, not taken back.
+    assert second.block_table == [PLACEHOLDER] * 3 + blocks[3:5] and second.num_released_blocks == 3
+    assert [manager.ref_count(b) for b in blocks] == [0, 0, 0, 2, 2, 1]
+    manager.free(first)
+    manager.free(second)
+    assert manager.num_free_blocks == 16 and manager.num_cached_blocks == 5
+
+
+def test_a_sequence_preempted_after_releasing_gives_back_the_rest_and_starts_over():
+    manager = windowed(num_pages=8, prefix_caching=False)
+    seq = make_sequence(24)
+    advance(manager, seq, 24)
+    assert seq.num_released_blocks == 4
+    manager.free(seq)  # preempted: recomputed from its first token
+    seq.num_computed_tokens = 0
+    assert seq.block_table == [] and seq.num_released_blocks == 0
+    assert manager.num_free_blocks == 8 and all(manager.ref_count(b) == 0 for b in range(8))
+    advance(manager, seq, 8)
+    assert seq.num_released_blocks == 0 and len(seq.block_table) == 2
+    advance(manager, seq, 16)
+    assert seq.num_released_blocks == 4 and manager.num_free_blocks == 8 - 2
+
+
+def test_drafts_not_kept_are_trimmed_behind_the_placeholders():
+    manager = windowed()
+    seq = make_sequence(20)
+    advance(manager, seq, 20)
+    seq.token_ids.append(7)
+    manager.allocate(seq, 1 + 8)  # its pending token and 8 drafts: positions 20..28
+    assert len(seq.block_table) == 8
+    seq.num_computed_tokens = 21  # no draft kept: the pending token and the correction's
+    seq.token_ids.append(8)
+    manager.trim(seq)
+    manager.release_behind_window(seq)  # keys 14..21 are read next: blocks 0..2 are behind
+    assert seq.block_table[:3] == [PLACEHOLDER] * 3 and len(seq.block_table) == 6
+    manager.free(seq)
+    assert manager.num_free_blocks == 16

@@ -23,7 +23,8 @@ def greedy_step(scheduler: Scheduler) -> None:
     scheduler.postprocess(batch, StepOutput(tokens, [None] * len(tokens)))
 
 
-def completions(scheduler: Scheduler, num_requests: int) -> list[list[int]]:
+def completions(scheduler: Scheduler, num_requests: int, running: list[int] | None = None) -> list[list[int]]:
+    """Each request's output tokens; `running` gets how many sequences ran at each step."""
     requests = []
     for i in range(num_requests):
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -34,6 +35,8 @@ def completions(scheduler: Scheduler, num_requests: int) -> list[list[int]]:
         if not scheduler.has_unfinished():
             break
         greedy_step(scheduler)
+        if running is not None:
+            running.append(len(scheduler.running))
     assert all(request.is_finished for request in requests)
     return [request.seqs[0].output_token_ids for request in requests]
 
@@ -46,6 +49,20 @@ def test_a_preempted_sequence_resumes_and_completes_with_the_tokens_it_would_hav
     assert completions(pressed, 3) == expected
     assert pressed.num_preemptions > 0
     assert pressed.block_manager.num_free_blocks == 12, "every block back"
+
+
+def test_with_a_sliding_window_more_run_together_and_a_preempted_one_resumes_as_before(tokenizer):  # noqa: F811
+    expected = completions(make_scheduler(tokenizer, num_blocks=64), 3)
+    without_window = make_scheduler(tokenizer, num_blocks=9)  # 3 x 20 tokens need 15 blocks of 4
+    assert completions(without_window, 3) == expected and without_window.num_preemptions > 0
+    # Behind a window of 8, a sequence holds at most 3 blocks: the two its next token's window reaches, and its own.
+    windowed, running = make_scheduler(tokenizer, num_blocks=9, window=8), []
+    assert completions(windowed, 3, running) == expected
+    assert windowed.num_preemptions == 0 and running == [3] * 11 + [0], "all three together, each step"
+    pressed = make_scheduler(tokenizer, num_blocks=6, window=8)
+    assert completions(pressed, 3) == expected and pressed.num_preemptions > 0
+    assert pressed.block_manager.num_released_behind_window > 0
+    assert pressed.block_manager.num_free_blocks == 6, "every block back"
 
 
 def test_out_of_blocks_the_newest_gives_way_first_and_the_one_asking_last(tokenizer):  # noqa: F811

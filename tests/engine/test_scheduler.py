@@ -23,10 +23,11 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def make_scheduler(tokenizer, num_blocks=64, adapters=None, **config) -> Scheduler:
-    """KV blocks of 4 tokens, sharing `num_blocks` pages with the adapters (when none are given)."""
+def make_scheduler(tokenizer, num_blocks=64, adapters=None, window=None, **config) -> Scheduler:
+    """KV blocks of 4 tokens, sharing `num_blocks` pages with the adapters (when none are given); `window`: every
+    layer's sliding window."""
     adapters = adapters or tiny_adapter_manager(num_slots=1, num_pages=num_blocks)
-    blocks = BlockManager(adapters.slots.pool.pages, TINY_BLOCK_SIZE, reclaim=adapters.reclaim_pages)
+    blocks = BlockManager(adapters.slots.pool.pages, TINY_BLOCK_SIZE, reclaim=adapters.reclaim_pages, window=window)
     stop_checker = StopChecker(tokenizer, frozenset({EOS}), max_model_len=1024)
     return Scheduler(SchedulerConfig(**config), blocks, stop_checker, adapters)
 

@@ -9,6 +9,9 @@ llama.cpp's llama-server on the same token ids, per weights type of the same byt
 
     loraserve bench weights            # writes its section of docs/benchmarks/weights.md
     loraserve bench weights --quick    # a smoke run, nothing written
+    loraserve bench weights --model DIR --modes bfloat16:bfloat16 --peer-types bf16   # another base model
+                                       # (random weights at a real family's shapes: benchmarks/random_model.py),
+                                       # its section of docs/benchmarks/families.md
 """
 
 from __future__ import annotations
@@ -131,12 +134,12 @@ Rates = tuple[float, float, float]  # one chat, one chat with an adapter, 32 cha
 
 
 def llama_cpp_rates(
-    model_dir: Path, adapter_dirs: list[Path], jobs: list[JobWorkload], repeats: int, work: Path
+    model_dir: Path, adapter_dirs: list[Path], jobs: list[JobWorkload], repeats: int, work: Path, outtypes: list[str]
 ) -> tuple[list[str], dict[str, Rates]]:
     """llama.cpp's llama-server on the same workloads, per weights type of the same bytes, best of `repeats`:
     its table rows, and its rates by type."""
     rows, rates = [], {}
-    for outtype in LLAMA_CPP_TYPES:
+    for outtype in outtypes:
         job = {
             "model": str(model_dir), "dtype": "bfloat16", "adapters": {p.name: str(p) for p in adapter_dirs},
             "workloads": [asdict(w) for w in jobs], "repeats": repeats, "max_num_seqs": CHATS,
@@ -171,7 +174,12 @@ def ratio_rows(ours: dict[str, Rates], theirs: dict[str, Rates]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="an HF directory (default: the embedded model)")
     parser.add_argument("--modes", nargs="+", default=None, help="dtype:weights pairs (default: all this CPU runs)")
+    parser.add_argument(
+        "--peer-types", nargs="+", choices=list(LLAMA_CPP_TYPES), default=list(LLAMA_CPP_TYPES),
+        help="llama.cpp's weights types to run (default: all)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument(
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     add_report_flags(parser)
     args = parser.parse_args(argv)
-    args.output = args.output or page("weights")
+    args.output = args.output or page("weights" if args.model is None else "families")
     modes = args.modes or weights_modes()
     tokens, repeats = (8, 1) if args.quick else (args.tokens, args.repeats)
     peer = (args.peer or ("none" if args.quick else "llama.cpp")) == "llama.cpp"
@@ -190,10 +198,12 @@ def main(argv: list[str] | None = None) -> None:
         runs: list[ModeRun] = []
         for mode in modes:
             dtype, weights = mode.split(":")
-            loaded = load_model(ModelConfig(dtype=dtype, weights=weights))
+            loaded = load_model(
+                ModelConfig(model=None if args.model is None else str(args.model), dtype=dtype, weights=weights)
+            )
             if not adapter_dirs:
                 adapter_dirs = write_random_adapters(loaded.model.spec, 8, Path(scratch), ranks=(16,))
-            model_dir = loaded.model_dir
+            model_dir, model_type = loaded.model_dir, loaded.model.spec.model_type
             llm = LLM.from_engine(engine_over(loaded, max_num_seqs=CHATS, max_loras=8, prefix_caching=False))
             for path in adapter_dirs:
                 llm.add_adapter(path.name, path)
@@ -220,9 +230,10 @@ def main(argv: list[str] | None = None) -> None:
             run.llm.engine.close()  # its adapter loader thread would keep the engine, and the model, alive
         del runs, llm  # the models go before llama.cpp runs
         if peer:
-            peer_rows, theirs = llama_cpp_rates(model_dir, adapter_dirs, jobs, repeats, Path(scratch))
+            peer_rows, theirs = llama_cpp_rates(model_dir, adapter_dirs, jobs, repeats, Path(scratch), args.peer_types)
+    title = "Weights: float32, bfloat16 and int8" if args.model is None else f"{model_dir.name} ({model_type})"
     body = [
-        "## Weights: float32, bfloat16 and int8 on the CPU" + cpu_class_title(),
+        f"## {title} on the CPU" + cpu_class_title(),
         "",
         f"Command: `{bench_command('weights', argv)}`. Machine: {machine_description()}.",
         "",
@@ -259,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         ]
     text = "\n".join(body)
     if not args.quick:
-        write_section(args.output, "bench-weights" + cpu_class_suffix(), text)
+        section = "bench-weights" if args.model is None else f"bench-{model_dir.name}"
+        write_section(args.output, section + cpu_class_suffix(), text)
     print(text)
 
 

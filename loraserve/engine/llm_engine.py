@@ -7,11 +7,12 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from loraserve.config import LATENCY_BUCKETS, EngineConfig
+from loraserve.config import LATENCY_BUCKETS, CacheConfig, EngineConfig
 from loraserve.engine.batch import ScheduledBatch
 from loraserve.engine.block_manager import BlockManager
 from loraserve.engine.fair_share import UNKEYED, Tenant
@@ -34,7 +35,7 @@ from loraserve.lora.adapter_state import AdapterSource, AdapterState
 from loraserve.lora.dora import with_dora_scales
 from loraserve.lora.manager import AdapterManager
 from loraserve.lora.mix_spec import MixSpec
-from loraserve.lora.slots import AdapterSlots
+from loraserve.lora.slots import AdapterSlots, smallest_block_size
 from loraserve.memory.page_allocator import PageUse
 from loraserve.memory.pool import MemoryPool, pool_pages
 from loraserve.models import LoadedModel, load_model
@@ -55,8 +56,13 @@ class LLMEngine:
         max_num_seqs = config.scheduler.max_num_seqs
         graphs = None if config.model.enforce_eager else GraphSettings(max_num_seqs, self.max_model_len)
         spec, dtype, device = self.loaded.model.spec, self.loaded.dtype, self.loaded.device
-        num_pages = pool_pages(config.cache, spec, dtype, device)
-        self.pool = MemoryPool(spec, config.cache.block_size, num_pages, dtype, device)
+        block_size = config.cache.block_size
+        if block_size == CacheConfig.block_size:  # the default: as large as this model's adapter rows need
+            block_size = smallest_block_size(spec, block_size)
+            if block_size != config.cache.block_size:
+                logger.info("blocks of %d tokens: a page must hold an adapter's widest row", block_size)
+        num_pages = pool_pages(replace(config.cache, block_size=block_size), spec, dtype, device)
+        self.pool = MemoryPool(spec, block_size, num_pages, dtype, device)
         slots = AdapterSlots(spec, config.lora.max_loras, config.lora.max_lora_rank, self.pool)
         self.model_runner = ModelRunner(
             self.loaded, self.pool, slots, seed=config.seed, cache_dir=config.model.cache_dir, graphs=graphs
@@ -66,7 +72,7 @@ class LLMEngine:
         self.adapters = AdapterManager(slots, self.read_source, config.lora.host_cache_bytes)
         self.mixes = Mixes(self.adapters, config.lora)
         self.block_manager = BlockManager(
-            self.pool.pages, config.cache.block_size, config.cache.prefix_caching,
+            self.pool.pages, block_size, config.cache.prefix_caching,
             reclaim=self.adapters.reclaim_pages,  # idle adapters give their pages to KV (make_room)
             window=spec.window_of_every_layer,  # KV behind it goes back to the pool
         )  # fmt: skip

@@ -91,6 +91,15 @@ def pack(blocks: Iterator[RowBlock], slab_elems: int) -> tuple[list[Placement], 
     return placements, slab + (1 if used else 0)
 
 
+def smallest_block_size(spec: DecoderSpec, block_size: int) -> int:
+    """`block_size`, doubled until a page (one block of K and V per layer) holds an adapter's widest row:
+    a model with few, narrow KV heads and a wide MLP (Gemma-3-1B: one head of 256, 6,912 wide) needs 32."""
+    widest_row = max(width for shape in projection_shapes(spec).values() for width in shape)
+    while block_size * spec.num_kv_heads * spec.head_dim < widest_row:
+        block_size *= 2
+    return block_size
+
+
 class AdapterSlots:
     """Owns which slots are taken and the row tables the kernels read; which adapter holds a slot
     is in its record (adapter_state.py)."""
@@ -103,7 +112,7 @@ class AdapterSlots:
             raise ConfigError(
                 "--block-size",
                 f"a block of {pool.block_size} tokens holds {pool.slab_elems} elements per layer, less than one "
-                f"adapter row of {widest_row}; use at least {-(-widest_row // (spec.num_kv_heads * spec.head_dim))}",
+                f"adapter row of {widest_row}; use at least {smallest_block_size(spec, pool.block_size)}",
             )
         shape = (spec.num_layers, len(PROJECTIONS), num_slots)
         device = pool.buffer.device

@@ -133,3 +133,17 @@ def test_a_checkpoint_tensor_the_forward_has_no_place_for_is_refused(model_dir, 
     save_file(tensors, weights)
     with pytest.raises(ModelLoadError, match=r"holds model\.layers\.0\.self_attn\.q_proj\.bias, which the llama"):
         load_model(ModelConfig(model=str(tmp_path)))
+
+
+def test_the_default_block_size_grows_until_a_page_holds_an_adapter_row(model_dir, tmp_path):
+    """One narrow KV head and a wide MLP (as Gemma-3-1B: one head of 256, 6,912 wide): a 16-token page
+    is narrower than an adapter's row. The default grows to fit; a size asked for by name is refused."""
+    narrow = {**TINY, "num_key_value_heads": 1, "intermediate_size": 512}  # 16 tokens x 16 = 256 < 512
+    _tiny_checkpoint(LlamaConfig(**narrow), model_dir, tmp_path)
+    with LLM(str(tmp_path), dtype="float32", num_pages=32) as llm:
+        assert llm.engine.block_manager.block_size == 32
+        output = llm.generate([[5, 17, 300]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+        assert len(output[0].outputs[0].token_ids) == 4
+    with pytest.raises(ConfigError, match="use at least 32") as refused:
+        LLM(str(tmp_path), dtype="float32", num_pages=32, block_size=8)
+    assert refused.value.field == "--block-size"

@@ -29,20 +29,23 @@ def write_random_adapters(
     dtype: torch.dtype = torch.bfloat16,
     dora: bool = False,
 ) -> list[Path]:
-    """`count` adapters named adapter-0.. under `out_dir`; adapter i has rank `ranks[i % len(ranks)]`.
+    """`count` adapters named adapter-0.. under `out_dir`, on `projections` (the modules holding them, for a
+    family that fuses some); adapter i has rank `ranks[i % len(ranks)]`.
     Stored in bfloat16 by default, as peft saves the adapters of a bfloat16 model. `dora`: DoRA adapters
     (a magnitude vector per module, near one)."""
     shapes = projection_shapes(spec)
+    # As PEFT names them: a module the checkpoint fuses (Phi-3's qkv_proj) is one adapter module.
+    modules = {m: held for m, held in spec.module_projections().items() if set(held) <= set(projections)}
     generator = torch.Generator().manual_seed(seed)
     paths = []
     for i in range(count):
         rank = ranks[i % len(ranks)]
         tensors = {}
         for layer in range(spec.num_layers):
-            for projection in projections:
-                in_features, out_features = shapes[projection]
-                block = "self_attn" if projection in _ATTENTION else "mlp"
-                prefix = f"base_model.model.model.layers.{layer}.{block}.{projection}"
+            for module, held in modules.items():
+                in_features, out_features = shapes[held[0]][0], sum(shapes[p][1] for p in held)
+                block = "self_attn" if held[0] in _ATTENTION else "mlp"
+                prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
                 tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) * 0.02
                 tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.02
                 if dora:
@@ -56,7 +59,7 @@ def write_random_adapters(
             "task_type": "CAUSAL_LM",
             "r": rank,
             "lora_alpha": 2 * rank,
-            "target_modules": list(projections),
+            "target_modules": list(modules),
             "bias": "none",
             "use_dora": dora,
         }

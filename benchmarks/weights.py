@@ -45,7 +45,6 @@ from loraserve.config import ModelConfig
 from loraserve.models import LoadedModel
 from loraserve.models.cpu.linear import NarrowMatmul
 from loraserve.models.cpu.platform import OneDnnWeight
-from loraserve.models.dtypes import dtype_name, resolve_dtype
 from loraserve.models.linear import Linear
 from loraserve.models.loader import load_model
 
@@ -159,14 +158,14 @@ def llama_cpp_rates(
 
 
 def ratio_rows(ours: dict[str, Rates], theirs: dict[str, Rates]) -> list[str]:
-    """Our rates over llama.cpp's, for each of our modes computing in float32 (as llama.cpp does) or in
-    what `--dtype auto` picks here (bfloat16 with AMX), and each type of the same bytes."""
-    computes = {"float32", dtype_name(resolve_dtype("auto", "cpu"))}
+    """Our rates over llama.cpp's, for each of our modes and each llama.cpp type of the same bytes a weight
+    (whatever our compute dtype: a mode run by name is compared, as with bfloat16 compute on a CPU where
+    `--dtype auto` picks float32)."""
     rows = []
     for mode, rates in ours.items():
-        compute, weights = mode.split(":")
+        weights = mode.split(":")[1]
         for outtype, their_weights in LLAMA_CPP_TYPES.items():
-            if compute in computes and weights.removesuffix("-dot") == their_weights and outtype in theirs:
+            if weights.removesuffix("-dot") == their_weights and outtype in theirs:
                 ratios = " | ".join(f"{a / b:.2f}x" for a, b in zip(rates, theirs[outtype], strict=True))
                 rows.append(f"| {mode} / {outtype} | {ratios} |")
     return rows

@@ -51,12 +51,21 @@ for arguments in runs:
 
 def converter_base(model_dir: Path, work: Path) -> Path:
     """The model's files as the converters (transformers 4) read them: config.json naming the
-    architecture, tokenizer_config.json the tokenizer class that transformers 4 knows."""
+    architecture, tokenizer_config.json the tokenizer class that transformers 4 knows, and
+    tokenizer.json's vocabulary padded to the model's rows. A random checkpoint at a family's real
+    shapes carries the embedded model's 49,152-token tokenizer; Gemma 3's converter cuts the
+    embedding to the tokenizer's tokens while its vocabulary is padded to config.json's size, and
+    llama-server then refused the model (token_embd.weight 49,169 rows, 262,144 expected)."""
     base = work / "base"
     base.mkdir()
+    model_config = json.loads((model_dir / "config.json").read_text())
+    rows = model_config["vocab_size"]
+    # Phi-3's converter reads a BPE vocabulary only for GPT2Tokenizer (Phi-4's class), else wants tokenizer.model.
+    tokenizer_class = "GPT2Tokenizer" if model_config["model_type"] == "phi3" else "PreTrainedTokenizerFast"
     patched = {
         "config.json": lambda config: config.setdefault("architectures", ["LlamaForCausalLM"]),
-        "tokenizer_config.json": lambda config: config.update(tokenizer_class="PreTrainedTokenizerFast"),
+        "tokenizer_config.json": lambda config: config.update(tokenizer_class=tokenizer_class),
+        "tokenizer.json": lambda tokenizer: pad_vocabulary(tokenizer, rows),
     }
     for file in model_dir.iterdir():
         if file.name in patched:
@@ -66,6 +75,14 @@ def converter_base(model_dir: Path, work: Path) -> Path:
         else:
             (base / file.name).symlink_to(file.resolve())
     return base
+
+
+def pad_vocabulary(tokenizer: dict, rows: int) -> None:
+    """Unused tokens for the ids up to `rows` that neither the vocabulary nor an added token holds
+    (they are never produced: tokenization is unchanged)."""
+    vocab = tokenizer["model"]["vocab"]
+    taken = set(vocab.values()) | {token["id"] for token in tokenizer.get("added_tokens", [])}
+    vocab.update({f"<unused_row_{i}>": i for i in range(rows) if i not in taken})
 
 
 def convert(
@@ -116,7 +133,8 @@ def start_server(command: list[str], url: str, log: Path) -> subprocess.Popen:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {server.returncode}: {log.read_text()[-400:]}")
+            errors = [line for line in log.read_text().splitlines() if " E " in line or "error" in line]
+            raise RuntimeError(f"llama-server exited with {server.returncode}: {' / '.join(errors[:2])[:400]}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
                 if response.status == 200:

@@ -269,6 +269,10 @@ class ServerConfig(Settings):
         False, "keep each adapter's files in the registry database too, so servers sharing it but not this disk (a "
         "cluster's replicas on other machines) copy them from there; `loraserve cluster` always does",
     )  # fmt: skip
+    tool_call_parser: str | None = setting(
+        None, "how the model writes tool calls, held to and read back in that format (default: the one its chat "
+        "template shows, else hermes)", choices=("hermes", "llama3_json", "mistral"),
+    )  # fmt: skip
     drain_timeout: int = setting(
         30, "on SIGTERM or Ctrl-C, seconds the running requests (streams too) may take to finish before exit",
         minimum=0,

@@ -45,7 +45,7 @@ LAYERS = {
     "__init__": 4, "cli": 4, "admin_client": 4, "chat_client": 4,
     "cluster": 4,  # the single server, as Ray Serve replicas
     "server": 3,
-    "engine": 2, "llm": 2, "registry": 2,
+    "engine": 2, "llm": 2, "registry": 2, "tools": 2,
     "lora": 1, "models": 1,
     "memory": 0, "openmp": 0, "config": 0, "errors": 0, "resources": 0, "crash_points": 0, "file_digest": 0,
 }  # fmt: skip

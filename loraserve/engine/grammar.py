@@ -127,6 +127,8 @@ def matcher_after(seq: Sequence, drafts: list[int]) -> llguidance.LLMatcher:
 
 
 def _grammar_of(spec: StructuredOutput) -> str:
+    if spec.kind == "lark":
+        return spec.text
     if spec.kind == "json_schema":
         return str(llguidance.LLMatcher.grammar_from_json_schema(spec.text, defaults=JSON_OPTIONS))
     return str(llguidance.LLMatcher.grammar_from_regex(spec.text))

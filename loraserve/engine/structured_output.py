@@ -20,13 +20,15 @@ MAX_CHOICES = 256
 # JSON as any JSON object: what OpenAI's {"type": "json_object"} asks for.
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
-Kind = Literal["json_schema", "regex", "choice"]
+Kind = Literal["json_schema", "regex", "choice", "lark"]
 
 
 @dataclass(frozen=True)
 class StructuredOutput:
     kind: Kind
-    text: str  # the schema as JSON text (its keys in the order given: they set the order generated), or the regex
+    # The schema as JSON text (its keys in the order given: they set the order generated), the regex, or a grammar
+    # in llguidance's Lark syntax (which loraserve writes: tools/formats.py; never taken from a request).
+    text: str
     field: str  # the request field it came from
 
     @classmethod
@@ -58,6 +60,11 @@ class StructuredOutput:
         if len(choices) > MAX_CHOICES:
             raise InvalidRequestError(field, f"at most {MAX_CHOICES} choices, got {len(choices)}")
         return cls("choice", _bounded("|".join(f"({re.escape(c)})" for c in choices), field), field)
+
+    @classmethod
+    def lark(cls, grammar: str, field: str) -> StructuredOutput:
+        """A grammar loraserve wrote around a request's schemas (tool calls), bounded as they are."""
+        return cls("lark", _bounded(grammar, field), field)
 
     @property
     def key(self) -> str:

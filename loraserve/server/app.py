@@ -18,7 +18,7 @@ from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.lora import adapter_sandbox
 from loraserve.registry import FileStore, Registry, sqlite_url, upgrade_database
 from loraserve.resources import ADMIN_UI, SAMPLE_ADAPTERS
-from loraserve.server import admin, admin_keys, health, lorax, openai
+from loraserve.server import admin, admin_keys, health, lorax, openai, openai_responses
 from loraserve.server.accounts import Accounts
 from loraserve.server.auth import require_admin_token, require_api_key
 from loraserve.server.body_limit import BodyLimitMiddleware
@@ -29,6 +29,7 @@ from loraserve.server.openapi_limits import SchemaLimits, openapi_with_limits
 from loraserve.server.registry_calls import RegistryCalls
 from loraserve.server.state import ServerState, server_state
 from loraserve.server.tenants import Tenants
+from loraserve.tools.prompt import model_tool_format
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 _SAMPLES_MARKER = ".samples-registered"  # in the data directory: samples are offered once, never re-added
@@ -88,6 +89,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig, accounts: Accounts 
         model_name=engine.model_name,
         tokenizer=tokenizer,
         special_token_ids=frozenset(tokenizer.all_special_ids),
+        tool_format=model_tool_format(tokenizer, config.tool_call_parser),
         started_at=int(time.time()),
     )
     install_error_handlers(app)
@@ -108,6 +110,7 @@ def create_app(engine: AsyncLLMEngine, config: ServerConfig, accounts: Accounts 
     inference = [Depends(require_api_key)]
     app.include_router(health.router)
     app.include_router(openai.router, dependencies=inference)
+    app.include_router(openai_responses.router, dependencies=inference)
     app.include_router(lorax.router, dependencies=inference)
     app.include_router(admin.router, dependencies=[Depends(require_admin_token)])
     app.include_router(admin_keys.router, dependencies=[Depends(require_admin_token)])

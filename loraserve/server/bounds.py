@@ -46,4 +46,8 @@ StopTokenIds = Annotated[list[NonNegative], Field(max_length=MAX_STOP_TOKEN_IDS)
 # OpenAI's {"token id": bias}: JSON's keys are strings of digits.
 TokenIdText = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]
 Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
-LogitBias = Annotated[dict[TokenIdText, Bias], Field(max_length=MAX_LOGIT_BIAS_TOKENS)]
+# No key but a token id: without additionalProperties the schema would admit any other key (with any value).
+LogitBias = Annotated[
+    dict[TokenIdText, Bias],
+    Field(max_length=MAX_LOGIT_BIAS_TOKENS, json_schema_extra={"additionalProperties": False}),
+]

@@ -53,20 +53,25 @@ _STRUCTURED_OUTPUTS: JsonDict = {
 }
 # LoRAX's parameters.response_format (structured.from_lorax_response_format): JSON, to the schema if given.
 _LORAX_RESPONSE_FORMAT: JsonDict = _object(["type"], type={"const": "json_object"}, schema=_nullable(_SCHEMA))
-# OpenAI's tools (structured.forced_tool_call): functions, each taking an object of arguments (or none).
+# OpenAI's tools (tools/choice.py): functions, each taking an object of arguments (or none), named once each.
 _TOOLS: JsonDict = {
     "type": "array",
     "minItems": 1,
     "items": _object(
         ["type", "function"],
         type={"const": "function"},
-        function=_object(["name"], name={"type": "string", "minLength": 1}, parameters=_nullable(_SCHEMA)),
+        function=_object(
+            ["name"],
+            name={"type": "string", "minLength": 1},
+            parameters=_nullable(_SCHEMA),
+            description=_nullable({"type": "string"}),
+        ),
     ),
 }
-# One function named (among tools: no schema can say so), "required" with one tool, or "none"; never "auto".
+# "none", "auto", "required", or one function named (among tools: no schema can say so).
 _TOOL_CHOICE: JsonDict = {
     "anyOf": [
-        {"enum": ["none", "required"]},
+        {"enum": ["none", "auto", "required"]},
         _object(["type", "function"], type={"const": "function"}, function=_object(["name"], name={"type": "string"})),
     ]
 }
@@ -93,16 +98,14 @@ ToolChoice = Annotated[Any, WithJsonSchema(_nullable(_TOOL_CHOICE))]
 MergedAdapters = Annotated[Any, WithJsonSchema(_nullable(_MERGED_ADAPTERS))]
 
 
-def _given(field: str, schema: JsonDict) -> JsonDict:
+def given(field: str, schema: JsonDict) -> JsonDict:
     return {"required": [field], "properties": {field: schema}}
 
 
-# The chat request's rules between fields, as OpenAI has them: tools and tool_choice come together (loraserve does
-# not let the model choose whether to call one), top_logprobs needs logprobs.
+# The chat request's rules between fields, as OpenAI has them: tool_choice needs tools, top_logprobs needs logprobs.
 CHAT_FIELD_RULES: JsonDict = {
     "allOf": [
-        {"if": _given("tools", {"type": "array"}), "then": _given("tool_choice", {"type": ["string", "object"]})},
-        {"if": _given("tool_choice", {"type": ["string", "object"]}), "then": _given("tools", {"type": "array"})},
-        {"if": _given("top_logprobs", {"type": "integer"}), "then": _given("logprobs", {"const": True})},
+        {"if": given("tool_choice", {"type": ["string", "object"]}), "then": given("tools", {"type": "array"})},
+        {"if": given("top_logprobs", {"type": "integer"}), "then": given("logprobs", {"const": True})},
     ]
 }

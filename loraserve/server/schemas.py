@@ -35,7 +35,8 @@ from loraserve.server.checked_fields import (
     ToolChoice,
     Tools,
 )
-from loraserve.server.structured import ToolCall, from_response_format, from_structured_outputs
+from loraserve.server.responses_request import FIELD_POLICY as RESPONSES_FIELD_POLICY
+from loraserve.server.structured import from_response_format, from_structured_outputs
 
 
 class StreamOptions(BaseModel):
@@ -85,7 +86,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
 
     def sampling_params(
-        self, max_tokens: int, logprobs: int | None, tool_call: ToolCall | None = None
+        self, max_tokens: int, logprobs: int | None, tool_output: StructuredOutput | None = None
     ) -> SamplingParams:
         """Validated engine parameters; raises InvalidRequestError naming the field."""
         return SamplingParams(
@@ -95,18 +96,19 @@ class SamplingFields(BaseModel):
             stop_token_ids=list(self.stop_token_ids or []),
             logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
             logprobs=logprobs,
-            structured_output=self._structured_output(tool_call),
+            structured_output=self._structured_output(tool_output),
         )
 
-    def _structured_output(self, tool_call: ToolCall | None) -> StructuredOutput | None:
-        """What the output must match: one way of asking at most (400 naming the second)."""
+    def _structured_output(self, tool_output: StructuredOutput | None) -> StructuredOutput | None:
+        """What the output must match: one way of asking at most (400 naming the second); `tool_output` is what
+        the request's tools ask (tools/choice.py)."""
         ways = (
             ("response_format", self.response_format, from_response_format),
             ("structured_outputs", self.structured_outputs, from_structured_outputs),
         )
         asked = [(field, read(value)) for field, value, read in ways if value is not None]
-        if tool_call is not None:
-            asked.append(("tool_choice", tool_call.output))
+        if tool_output is not None:
+            asked.append(("tools", tool_output))
         asked = [(field, output) for field, output in asked if output is not None]  # response_format "text": none
         if len(asked) > 1:
             raise InvalidRequestError(asked[1][0], f"cannot be combined with {asked[0][0]}: give one of them")
@@ -134,9 +136,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Count | None = None
     logprobs: bool = False
     top_logprobs: Logprobs | None = None
-    tools: Tools = None  # with tool_choice: server/structured.py forced_tool_call
+    tools: Tools = None  # read with tool_choice and parallel_tool_calls by tools/choice.py
     tool_choice: ToolChoice = None
-    parallel_tool_calls: Any = None  # one forced call is all loraserve makes: accepted, whatever it says
+    parallel_tool_calls: bool | None = None  # false: one call at most
 
 
 # How the server takes each field of OpenAI's requests (the openai package's CompletionCreateParams):
@@ -150,12 +152,13 @@ FIELD_POLICY = {
     "/v1/chat/completions": {
         **_SHARED_POLICY,
         **dict.fromkeys(["messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-                         "tool_choice"], "implemented"),
+                         "tool_choice", "parallel_tool_calls"], "implemented"),
         **dict.fromkeys(["metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-                         "prompt_cache_retention", "prompt_cache_options", "parallel_tool_calls"], "inert"),
+                         "prompt_cache_retention", "prompt_cache_options"], "inert"),
         **dict.fromkeys(["audio", "modalities", "functions", "function_call", "prediction", "reasoning_effort",
                          "verbosity", "web_search_options", "moderation"], "refused"),
     },
+    "/v1/responses": RESPONSES_FIELD_POLICY,
     "/v1/completions": {
         **_SHARED_POLICY,
         "prompt": "implemented",

@@ -12,6 +12,7 @@ from loraserve.engine.async_engine import AsyncLLMEngine
 from loraserve.server.catalog import AdapterCatalog
 from loraserve.server.metrics import Metrics
 from loraserve.server.tenants import Tenants
+from loraserve.tools.formats import ToolCallFormat
 
 
 @dataclass
@@ -25,6 +26,7 @@ class ServerState:
     model_name: str  # the id clients put in `model` for the base model
     tokenizer: PreTrainedTokenizerBase
     special_token_ids: frozenset[int]
+    tool_format: ToolCallFormat  # how the model writes tool calls (--tool-call-parser, else its template's)
     started_at: int  # unix seconds
 
     def token_text(self, token_id: int) -> str:

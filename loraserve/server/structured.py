@@ -1,20 +1,16 @@
 """Each API's ways of asking for structured output, read into one StructuredOutput (or None: free text).
 
-OpenAI: `response_format` (`text`, `json_object`, `json_schema`) and forced tool calls (`tools` with a
-`tool_choice` naming one function); vLLM's extension `structured_outputs` (`json`, `regex`, `choice`,
-`json_object`); LoRAX: `parameters.response_format` (`{"type": "json_object", "schema": ...}`). What is
-not implemented is refused naming the field, never ignored.
+OpenAI: `response_format` (`text`, `json_object`, `json_schema`; tool calls are tools/choice.py's); vLLM's
+extension `structured_outputs` (`json`, `regex`, `choice`, `json_object`); LoRAX: `parameters.response_format`
+(`{"type": "json_object", "schema": ...}`). What is not implemented is refused naming the field, never ignored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from loraserve.engine.structured_output import ANY_JSON_OBJECT, StructuredOutput
 from loraserve.errors import InvalidRequestError
-
-EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}  # a function that takes no arguments
 
 
 def from_response_format(response_format: Any, field: str = "response_format") -> StructuredOutput | None:
@@ -33,6 +29,28 @@ def from_response_format(response_format: Any, field: str = "response_format") -
             raise InvalidRequestError(f"{field}.json_schema.schema", "is required: the JSON schema to follow")
         return StructuredOutput.json_schema(spec["schema"], f"{field}.json_schema.schema")
     raise InvalidRequestError(f"{field}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def from_text_format(text: Any, field: str = "text") -> StructuredOutput | None:
+    """The Responses API's `text` ({"format": ...}): as response_format, with json_schema's name and schema beside
+    its type."""
+    if text is None:
+        return None
+    unknown = sorted(set(_object(text, field)) - {"format"})
+    if unknown:
+        raise InvalidRequestError(f"{field}.{unknown[0]}", "is not supported by loraserve")
+    text_format = text.get("format")
+    if text_format is None:
+        return None
+    kind = _object(text_format, f"{field}.format").get("type")
+    if kind != "json_schema":
+        return from_response_format(text_format, f"{field}.format")
+    nested = {"name": text_format.get("name"), "schema": text_format.get("schema")}
+    nested = {key: value for key, value in nested.items() if key in text_format}
+    try:
+        return from_response_format({"type": kind, "json_schema": nested}, f"{field}.format")
+    except InvalidRequestError as error:  # named as chat nests them: say where this API has them
+        raise InvalidRequestError(error.field.replace(".json_schema", ""), error.message) from None
 
 
 def from_lorax_response_format(response_format: Any, field: str = "parameters.response_format") -> StructuredOutput:
@@ -67,58 +85,6 @@ def from_structured_outputs(options: Any, field: str = "structured_outputs") -> 
             raise InvalidRequestError(f"{field}.json_object", "must be true")
         return StructuredOutput.json_schema(ANY_JSON_OBJECT, f"{field}.json_object")
     return _STRUCTURED_OUTPUTS[key](value, f"{field}.{key}")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """The function a request forces the reply to call; the reply is its arguments, as JSON."""
-
-    name: str
-    output: StructuredOutput
-
-
-def forced_tool_call(tools: Any, tool_choice: Any) -> ToolCall | None:
-    """The function `tool_choice` names among `tools` (None: `tool_choice` is "none", or no tools).
-
-    loraserve does not let the model choose whether to call a tool: `tool_choice` must name one function
-    ("required" with a single tool names it too), else 400 naming tool_choice.
-    """
-    if tools is None:
-        if tool_choice is not None:
-            raise InvalidRequestError("tool_choice", "needs tools")
-        return None
-    if not isinstance(tools, list) or not tools:
-        raise InvalidRequestError("tools", "must be a non-empty list of functions")
-    functions = {_function_name(tool, f"tools.{i}"): tool["function"] for i, tool in enumerate(tools)}
-    if tool_choice == "none":
-        return None
-    name: Any
-    if tool_choice == "required" and len(functions) == 1:
-        name = next(iter(functions))
-    elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = _object(tool_choice.get("function"), "tool_choice.function").get("name")
-        if not isinstance(name, str) or name not in functions:  # an object is no name (nor hashable)
-            raise InvalidRequestError("tool_choice.function.name", f"names no function of tools: {name!r}")
-    else:
-        raise InvalidRequestError(
-            "tool_choice",
-            'must name one function ({"type": "function", "function": {"name": ...}}), "required" with one tool, '
-            f"or 'none': loraserve does not let the model choose whether to call a tool; got {tool_choice!r}",
-        )
-    field = f"tools.{list(functions).index(name)}.function.parameters"
-    return ToolCall(name, StructuredOutput.json_schema(functions[name].get("parameters") or EMPTY_PARAMETERS, field))
-
-
-def _function_name(tool: Any, field: str) -> str:
-    if _object(tool, field).get("type") != "function":
-        raise InvalidRequestError(f"{field}.type", "must be 'function'")
-    function = _object(tool.get("function"), f"{field}.function")
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidRequestError(f"{field}.function.name", "must be a non-empty string")
-    if not isinstance(function.get("parameters"), dict | None):  # every tool's, as the template shows them all
-        raise InvalidRequestError(f"{field}.function.parameters", "must be a JSON schema (an object) or null")
-    return name
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:

@@ -36,17 +36,14 @@ _RULES: dict[str, Callable[[int, dict[str, Any], schemathesis.Case], bool]] = {
     "min_tokens above max_tokens": _refused(lambda code: code == "min_tokens", "at most max_tokens"),
     "a weight per mixed adapter": _refused(lambda code: code.endswith("merged_adapters.weights"), "one per id"),
     "tool_choice names a function of tools": _refused(
-        lambda code: code == "tool_choice.function.name", "names no function of tools"
+        lambda code: code in {"tool_choice.function.name", "tool_choice.name"}, "names no function of tools"
     ),
-    "required with several tools": lambda status, error, case: (
-        isinstance(case.body, dict)
-        and case.body.get("tool_choice") == "required"
-        and _refused(lambda code: code == "tool_choice", "must name one function")(status, error, case)
-    ),
+    # Each function named once: uniqueness of one property across the items of an array.
+    "a function named once": _refused(lambda code: code.startswith("tools."), "that an earlier tool names"),
     # One way to ask for structured output: response_format "text" and tool_choice "none" ask for none, so the
     # rule depends on the values, with three fields.
     "one way of structured output": _refused(
-        lambda code: code in {"structured_outputs", "tool_choice"}, "cannot be combined with"
+        lambda code: code in {"structured_outputs", "tools", "text.format"}, "cannot be combined with"
     ),
     # ignore_eos (LoRAX's ignore_eos_token) with structured output: a document ends with EOS, so one may not ignore it;
     # the rule depends on the value of one field and the presence of several others.

@@ -13,8 +13,10 @@ import openai
 import pytest
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import response_create_params
 from pydantic import BaseModel, Field
 
+from loraserve.server.responses_request import ResponsesRequest
 from loraserve.server.schemas import FIELD_POLICY, ChatCompletionRequest, CompletionRequest
 from tests.correctness.test_structured_output import PERSONAS, SCHEMAS, assert_valid
 from tests.server.conftest import start_server
@@ -166,8 +168,6 @@ def test_structured_outputs_on_completions_and_json_mode_and_lorax(server):
         ("/v1/completions", {"structured_outputs": {"choice": ["x" * 70_000]}}, "structured_outputs.choice"),
         ("/v1/completions", {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
          "structured_outputs"),
-        ("/v1/chat/completions", {"tools": [WEATHER_TOOL]}, "tool_choice"),
-        ("/v1/chat/completions", {"tools": [WEATHER_TOOL], "tool_choice": "auto"}, "tool_choice"),
         ("/v1/chat/completions", {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function",
                                   "function": {"name": "f"}}}, "tool_choice.function.name"),
         ("/v1/chat/completions", {"tools": [{"type": "custom"}], "tool_choice": "required"}, "tools.0.type"),
@@ -191,16 +191,20 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field(server, path, field
 
 @pytest.mark.parametrize("route", sorted(FIELD_POLICY))
 def test_every_field_of_openais_requests_is_implemented_inert_or_refused(server, route):
-    params = {"/v1/chat/completions": chat_create_params, "/v1/completions": completion_create_params}[route]
-    policy, request_model = FIELD_POLICY[route], {
-        "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest
+    params, request_model, base = {
+        "/v1/chat/completions": (chat_create_params.CompletionCreateParamsBase, ChatCompletionRequest,
+                                 {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}),
+        "/v1/completions": (completion_create_params.CompletionCreateParamsBase, CompletionRequest,
+                            {"max_tokens": 2, "prompt": "Hi"}),
+        "/v1/responses": (response_create_params.ResponseCreateParamsBase, ResponsesRequest,
+                          {"max_output_tokens": 2, "input": "Hi"}),
     }[route]  # fmt: skip
-    openai_fields = set(params.CompletionCreateParamsBase.__annotations__)
+    policy = FIELD_POLICY[route]
+    openai_fields = set(params.__annotations__)
     assert openai_fields <= set(policy), f"not in the field policy: {openai_fields - set(policy)}"
     for field, how in policy.items():
         assert (field in request_model.model_fields) == (how != "refused"), field
-    base = {"model": MODEL, "max_tokens": 2}
-    base |= {"messages": [{"role": "user", "content": "Hi"}]} if route == "/v1/chat/completions" else {"prompt": "Hi"}
+    base |= {"model": MODEL}
     for field in [f for f, how in policy.items() if how != "implemented"]:
         response = httpx.post(f"{server.url}{route}", json={**base, field: "x" if field != "store" else True})
         if policy[field] == "inert":

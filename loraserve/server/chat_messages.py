@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.config import JsonDict
 
 from loraserve.errors import InvalidRequestError
+from loraserve.server.content_parts import part_texts
 
 
 class FunctionCall(BaseModel):
@@ -34,9 +35,6 @@ class MessageToolCall(BaseModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
-
-
-_MEDIA_PARTS = ("image_url", "input_audio", "file")
 
 
 def _part(kind: str, text_key: str) -> JsonDict:
@@ -64,26 +62,8 @@ def text_parts(content: Any, field: str, refusals: bool = False) -> str | list[d
     """A message's content: its text, or its parts as text parts; 400 naming what the model cannot read."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list) or not content:
-        raise InvalidRequestError(field, "must be a string or a non-empty list of content parts")
-    parts = []
-    for j, part in enumerate(content):
-        where = f"{field}.{j}"
-        if not isinstance(part, dict):
-            raise InvalidRequestError(where, f"must be a content part (an object), got {type(part).__name__}")
-        kind = part.get("type")
-        if kind in _MEDIA_PARTS:
-            raise InvalidRequestError(f"{where}.type", f"{kind!r} parts are not supported: the model reads text only")
-        text_key = "refusal" if refusals and kind == "refusal" else "text"
-        if kind != text_key:
-            allowed = "'text' or 'refusal'" if refusals else "'text'"
-            raise InvalidRequestError(f"{where}.type", f"must be {allowed}, got {kind!r}")
-        if not isinstance(part.get(text_key), str):
-            raise InvalidRequestError(f"{where}.{text_key}", "must be a string")
-        if extra := sorted(set(part) - {"type", text_key}):
-            raise InvalidRequestError(f"{where}.{extra[0]}", "is not supported by loraserve")
-        parts.append({"type": "text", "text": part[text_key]})
-    return parts
+    keys = {"text": "text", "refusal": "refusal"} if refusals else {"text": "text"}
+    return [{"type": "text", "text": text} for text in part_texts(content, field, keys, strict=True)]
 
 
 def content_chars(content: Any) -> int:

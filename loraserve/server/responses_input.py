@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from loraserve.errors import InvalidRequestError
+from loraserve.server.content_parts import part_texts
 
-_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 _PART_TEXT = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # part type -> its text's key
 _ROLES = ("user", "assistant", "system", "developer")
 _ITEM_KEYS = ("id", "status")  # what an earlier response's items carry besides their content: ignored
@@ -113,25 +113,7 @@ def _text(content: Any, field: str) -> str:
     """A message's text: a string, or its text parts joined by newlines."""
     if isinstance(content, str):
         return content
-    if not isinstance(content, list) or not content:
-        raise InvalidRequestError(field, "must be text or a non-empty list of content parts")
-    texts = []
-    for j, part in enumerate(content):
-        where = f"{field}.{j}"
-        if not isinstance(part, dict):
-            raise InvalidRequestError(where, f"must be a content part (an object), got {type(part).__name__}")
-        kind = part.get("type")
-        if not isinstance(kind, str):
-            raise InvalidRequestError(f"{where}.type", f"must be one of {', '.join(_PART_TEXT)}, got {kind!r}")
-        if kind in _MEDIA_PARTS:
-            raise InvalidRequestError(f"{where}.type", f"{kind!r} parts are not supported: the model reads text only")
-        if kind not in _PART_TEXT:
-            raise InvalidRequestError(f"{where}.type", f"must be one of {', '.join(_PART_TEXT)}, got {kind!r}")
-        text = part.get(_PART_TEXT[kind])
-        if not isinstance(text, str):
-            raise InvalidRequestError(f"{where}.{_PART_TEXT[kind]}", "must be a string")
-        texts.append(text)
-    return "\n".join(texts)
+    return "\n".join(part_texts(content, field, _PART_TEXT, strict=False))
 
 
 def _string(item: JsonDict, key: str, field: str, empty: str | None = None) -> str:

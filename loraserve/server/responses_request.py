@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import ConfigDict, Field, WithJsonSchema
 
-from loraserve.server.bounds import Count, Int64, Seconds, Temperature, TopP
+from loraserve.server.bounds import Count, Temperature, TopP
 from loraserve.server.checked_fields import given
+from loraserve.server.request_base import OpenAIRequest
 from loraserve.server.responses_input import INPUT_SCHEMA
 
 _FUNCTION_TOOL: dict[str, Any] = {
@@ -52,21 +53,17 @@ def _nullable(schema: dict[str, Any]) -> WithJsonSchema:
     return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(OpenAIRequest):
     """What /v1/responses takes; any other field is refused by name (400)."""
 
     # tool_choice needs tools, as OpenAI has it (tools/choice.py checks it, naming tool_choice).
     model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        allow_inf_nan=False,
         json_schema_extra={
             "if": given("tool_choice", {"type": ["string", "object"]}),
             "then": given("tools", {"type": "array", "minItems": 1}),
         },
     )
 
-    model: str = Field(min_length=1)
     input: Annotated[Any, WithJsonSchema(INPUT_SCHEMA)]
     instructions: str | None = None
     max_output_tokens: Count | None = None
@@ -81,19 +78,7 @@ class ResponsesRequest(BaseModel):
     store: Annotated[Any, WithJsonSchema({"enum": [False, None]})] = None
     include: Annotated[list[str], Field(max_length=0)] | None = None  # nothing extra to include
     truncation: Annotated[Any, WithJsonSchema({"enum": ["disabled", None]})] = None
-    # OpenAI's fields that change nothing in the answer: accepted, whatever they hold.
-    metadata: Any = None
-    user: Any = None
-    safety_identifier: Any = None
-    prompt_cache_key: Any = None
-    service_tier: Any = None
-    stream_options: Any = None
-    prompt_cache_retention: Any = None
-    prompt_cache_options: Any = None
-    # loraserve's, as in chat: the adapter whatever `model` says, the queue's order and the wait for a start.
-    adapter_id: str | None = None
-    priority: Int64 = 0
-    timeout: Seconds | None = None
+    stream_options: Any = None  # inert: what it can hold changes nothing here
 
 
 # How the route takes each field of OpenAI's request (the openai package's ResponseCreateParams): "implemented",

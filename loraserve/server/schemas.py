@@ -18,7 +18,6 @@ from loraserve.server.bounds import (
     NonNegative,
     Penalty,
     RepetitionPenalty,
-    Seconds,
     StopString,
     StopStrings,
     StopTokenIds,
@@ -35,6 +34,7 @@ from loraserve.server.checked_fields import (
     ToolChoice,
     Tools,
 )
+from loraserve.server.request_base import OpenAIRequest
 from loraserve.server.responses_request import FIELD_POLICY as RESPONSES_FIELD_POLICY
 from loraserve.server.structured import from_response_format, from_structured_outputs
 
@@ -45,27 +45,12 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(OpenAIRequest):
     """The sampling fields both routes share (OpenAI names, plus vLLM's extras). Any other field is refused by name
     (400): a client that asked for, say, `audio` must not get plain text back as if it had been honoured.
     FIELD_POLICY below says, for each field of OpenAI's requests, which it is."""
 
-    # strict: `"stream": 0` or `"n": "2"` is refused, as openapi.json's types say.
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-    model: str = Field(min_length=1)  # an adapter's name or the base model's id
-    # OpenAI's fields that change nothing in the answer: accepted, whatever they hold.
-    user: Any = None
-    metadata: Any = None
-    store: Any = None
-    service_tier: Any = None
-    safety_identifier: Any = None
-    prompt_cache_key: Any = None
-    prompt_cache_retention: Any = None
-    prompt_cache_options: Any = None
-    priority: Int64 = 0  # vLLM's extension: lower first
-    timeout: Seconds | None = None  # seconds the request may wait for its start, else 504
-    adapter_id: str | None = None  # LoRAX-style: picks the adapter whatever `model` says
+    store: Any = None  # inert: chat keeps nothing either way
     merged_adapters: MergedAdapters = None  # LoRAX's mix of adapters, as an extension (checked by MixSpec.parse)
     n: Count = 1  # the server's --max-n may lower the bound (openapi.json says it)
     temperature: Temperature = 1.0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -100,6 +101,17 @@ def start_server(
 @pytest.fixture(scope="module")
 def server(loaded_model, tmp_path_factory) -> Iterator[RunningServer]:
     yield from start_server(loaded_model, tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def samples_server(loaded_model, tmp_path_factory) -> Iterator[RunningServer]:
+    """The sample adapters registered (personas to ask), room for many chats at once."""
+    yield from start_server(loaded_model, tmp_path_factory.mktemp("data"), num_blocks=2048, register_samples=True)
+
+
+@pytest.fixture(scope="module")
+def openai_client(samples_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{samples_server.url}/v1", api_key="unused")
 
 
 def wait_until_idle(engine: AsyncLLMEngine, timeout: float = 30) -> None:

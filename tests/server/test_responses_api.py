@@ -8,7 +8,6 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from tests.server.test_tool_calls_api import SCHEMAS, SHIPPED, TOOLS
@@ -20,23 +19,12 @@ MODEL = "SmolLM2-135M-Instruct"
 FUNCTIONS = [{"type": "function", **tool["function"]} for tool in TOOLS]
 
 
-@pytest.fixture(scope="module")
-def server(loaded_model, tmp_path_factory):
-    from tests.server.conftest import start_server
-
-    yield from start_server(loaded_model, tmp_path_factory.mktemp("data"), num_blocks=2048, register_samples=True)
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-
-
 @pytest.mark.parametrize("model", [MODEL, "pirate"])
-def test_a_response_says_what_chat_says_for_the_same_conversation(client, model):
-    response = client.responses.create(model=model, instructions="Answer briefly.", input="Where do pirates sail?",
-                                       temperature=0, max_output_tokens=24)  # fmt: skip
-    chat = client.chat.completions.create(
+def test_a_response_says_what_chat_says_for_the_same_conversation(openai_client, model):
+    response = openai_client.responses.create(
+        model=model, instructions="Answer briefly.", input="Where do pirates sail?", temperature=0, max_output_tokens=24
+    )
+    chat = openai_client.chat.completions.create(
         model=model,
         temperature=0,
         max_tokens=24,
@@ -51,10 +39,16 @@ def test_a_response_says_what_chat_says_for_the_same_conversation(client, model)
     assert response.usage.input_tokens == chat.usage.prompt_tokens
 
 
-def test_streamed_events_add_up_to_the_completed_response(client):
-    events = list(client.responses.create(model=MODEL, input=[{"role": "user", "content": [
-        {"type": "input_text", "text": "Tell me about the sea."}]}], temperature=0, max_output_tokens=30,
-        stream=True))  # fmt: skip
+def test_streamed_events_add_up_to_the_completed_response(openai_client):
+    events = list(
+        openai_client.responses.create(
+            model=MODEL,
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "Tell me about the sea."}]}],
+            temperature=0,
+            max_output_tokens=30,
+            stream=True,
+        )
+    )
     kinds = [event.type for event in events]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
     assert [event.sequence_number for event in events] == list(range(len(events)))
@@ -62,30 +56,46 @@ def test_streamed_events_add_up_to_the_completed_response(client):
     final = events[-1].response
     assert text and text == final.output_text
     assert {"response.output_item.added", "response.output_text.done", "response.output_item.done"} <= set(kinds)
-    whole = client.responses.create(model=MODEL, input="Tell me about the sea.", temperature=0, max_output_tokens=30)
+    whole = openai_client.responses.create(
+        model=MODEL, input="Tell me about the sea.", temperature=0, max_output_tokens=30
+    )
     assert whole.output_text == text
 
 
-def test_function_calls_validate_and_stream_their_arguments(client):
+def test_function_calls_validate_and_stream_their_arguments(openai_client):
     for tool_choice in ("auto", "required"):
-        response = client.responses.create(model=MODEL, input=SHIPPED["prompts"][2], tools=FUNCTIONS,
-                                           tool_choice=tool_choice, temperature=0, max_output_tokens=120)  # fmt: skip
+        response = openai_client.responses.create(
+            model=MODEL,
+            input=SHIPPED["prompts"][2],
+            tools=FUNCTIONS,
+            tool_choice=tool_choice,
+            temperature=0,
+            max_output_tokens=120,
+        )
         calls = [item for item in response.output if item.type == "function_call"]
         assert calls or tool_choice == "auto"
         for call in calls:
             jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
             assert call.call_id.startswith("call_")
-    stream = list(client.responses.create(model=MODEL, input=SHIPPED["prompts"][2], tools=FUNCTIONS,
-                                          tool_choice="required", temperature=0, max_output_tokens=120,
-                                          stream=True))  # fmt: skip
+    stream = list(
+        openai_client.responses.create(
+            model=MODEL,
+            input=SHIPPED["prompts"][2],
+            tools=FUNCTIONS,
+            tool_choice="required",
+            temperature=0,
+            max_output_tokens=120,
+            stream=True,
+        )
+    )
     pieces = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
     done = [e for e in stream if e.type == "response.function_call_arguments.done"]
     final_calls = [item for item in stream[-1].response.output if item.type == "function_call"]
     assert pieces == "".join(call.arguments for call in final_calls) and len(done) == len(final_calls) >= 1
 
 
-def test_a_named_function_and_a_json_schema_format_hold_the_output(client):
-    response = client.responses.create(
+def test_a_named_function_and_a_json_schema_format_hold_the_output(openai_client):
+    response = openai_client.responses.create(
         model=MODEL,
         input="Weather in Rome?",
         tools=FUNCTIONS,
@@ -96,9 +106,13 @@ def test_a_named_function_and_a_json_schema_format_hold_the_output(client):
     (call,) = response.output
     assert call.type == "function_call" and call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), SCHEMAS["get_weather"])
-    schema = {"type": "object", "properties": {"color": {"enum": ["red", "blue"]}}, "required": ["color"],
-              "additionalProperties": False}  # fmt: skip
-    shaped = client.responses.create(
+    schema = {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "blue"]}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
+    shaped = openai_client.responses.create(
         model=MODEL,
         input="Pick a color.",
         temperature=0,
@@ -108,13 +122,15 @@ def test_a_named_function_and_a_json_schema_format_hold_the_output(client):
     jsonschema.validate(json.loads(shaped.output_text), schema)
 
 
-def test_an_earlier_call_and_its_output_go_back_as_items(client):
+def test_an_earlier_call_and_its_output_go_back_as_items(openai_client):
     items = [
         {"role": "user", "content": "What is the weather in Oslo?"},
         {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": '{"celsius": -3}'},
     ]
-    response = client.responses.create(model=MODEL, input=items, tools=FUNCTIONS, temperature=0, max_output_tokens=40)
+    response = openai_client.responses.create(
+        model=MODEL, input=items, tools=FUNCTIONS, temperature=0, max_output_tokens=40
+    )
     assert response.status in ("completed", "incomplete") and response.output
 
 
@@ -134,7 +150,7 @@ def test_an_earlier_call_and_its_output_go_back_as_items(client):
         ({"reasoning": {"effort": "low"}}, "reasoning"),
     ],
 )  # fmt: skip
-def test_what_loraserve_does_not_keep_or_read_is_refused_by_name(server, fields, named):
+def test_what_loraserve_does_not_keep_or_read_is_refused_by_name(samples_server, fields, named):
     body = {"model": MODEL, "input": "Hi", **fields}
-    response = httpx.post(f"{server.url}/v1/responses", json=body)
+    response = httpx.post(f"{samples_server.url}/v1/responses", json=body)
     assert response.status_code == 400 and response.json()["error"]["code"] == named, response.text

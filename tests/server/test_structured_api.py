@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 from loraserve.server.responses_request import ResponsesRequest
 from loraserve.server.schemas import FIELD_POLICY, ChatCompletionRequest, CompletionRequest
 from tests.correctness.test_structured_output import PERSONAS, SCHEMAS, assert_valid
-from tests.server.conftest import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -40,24 +39,20 @@ WEATHER_TOOL = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(loaded_model, tmp_path_factory):
-    yield from start_server(loaded_model, tmp_path_factory.mktemp("data"), num_blocks=2048, register_samples=True)
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-
-
 def json_schema_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
 
 
-def test_every_schema_streams_a_valid_document_for_each_persona_beside_free_streams(server, client):
+def test_every_schema_streams_a_valid_document_for_each_persona_beside_free_streams(samples_server, openai_client):
     free = [(target, "What is the capital of France?") for target in TARGETS]
-    unary = [client.chat.completions.create(model=t, messages=[{"role": "user", "content": q}], max_tokens=24,
-                                            temperature=0).choices[0].message.content for t, q in free]  # fmt: skip
+    unary = [
+        openai_client.chat.completions.create(
+            model=t, messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0
+        )
+        .choices[0]
+        .message.content
+        for t, q in free
+    ]
 
     async def stream(target: str, question: str, schema: dict | None) -> str:
         extra = {"response_format": json_schema_format(schema), "max_tokens": 160} if schema else {"max_tokens": 24}
@@ -70,7 +65,9 @@ def test_every_schema_streams_a_valid_document_for_each_persona_beside_free_stre
         jobs = [stream(t, e["prompt"], e["schema"]) for e in SCHEMAS for t in TARGETS]
         return await asyncio.gather(*jobs, *(stream(t, q, None) for t, q in free))
 
-    asyncio_client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
+    asyncio_client = openai.AsyncOpenAI(
+        base_url=f"{samples_server.url}/v1", api_key="unused", max_retries=0, timeout=600
+    )
     texts = asyncio.run(everything())
     for (entry, target), text in zip([(e, t) for e in SCHEMAS for t in TARGETS], texts, strict=False):
         assert_valid(text, entry["schema"], f"{entry['name']} on {target}")
@@ -83,8 +80,8 @@ class NonPlayerCharacter(BaseModel):
     gold: int = Field(ge=0, le=999)
 
 
-def test_the_openai_clients_parse_returns_the_pydantic_model(client):
-    completion = client.chat.completions.parse(
+def test_the_openai_clients_parse_returns_the_pydantic_model(openai_client):
+    completion = openai_client.chat.completions.parse(
         model="pirate",
         messages=[{"role": "user", "content": "Describe the tavern keeper."}],
         response_format=NonPlayerCharacter,
@@ -95,7 +92,7 @@ def test_the_openai_clients_parse_returns_the_pydantic_model(client):
     assert isinstance(parsed, NonPlayerCharacter) and 0 <= parsed.gold <= 999
 
 
-def test_a_forced_tool_call_returns_its_arguments_as_tool_calls_streamed_or_not(client):
+def test_a_forced_tool_call_returns_its_arguments_as_tool_calls_streamed_or_not(openai_client):
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
@@ -104,13 +101,13 @@ def test_a_forced_tool_call_returns_its_arguments_as_tool_calls_streamed_or_not(
         "temperature": 0,
         "max_tokens": 60,
     }
-    choice = client.chat.completions.create(**body).choices[0]
+    choice = openai_client.chat.completions.create(**body).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     assert_valid(call.function.arguments, WEATHER_TOOL["function"]["parameters"], "get_weather's arguments")
 
-    chunks = [c for c in client.chat.completions.create(**body, stream=True) if c.choices]
+    chunks = [c for c in openai_client.chat.completions.create(**body, stream=True) if c.choices]
     calls = [call for c in chunks for call in c.choices[0].delta.tool_calls or []]
     assert calls[0].function.name == "get_weather" and {c.index for c in calls} == {0}
     assert {c.id for c in calls if c.id} == {calls[0].id}
@@ -121,17 +118,17 @@ def test_a_forced_tool_call_returns_its_arguments_as_tool_calls_streamed_or_not(
     answer = {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'}
     turn = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
     follow_up = {**body, "messages": [*body["messages"], turn, answer], "tool_choice": "none"}
-    reply = client.chat.completions.create(**follow_up).choices[0]
+    reply = openai_client.chat.completions.create(**follow_up).choices[0]
     assert reply.message.content and reply.message.tool_calls is None
 
 
-def test_a_message_without_content_is_refused_unless_it_called_a_tool(server):
+def test_a_message_without_content_is_refused_unless_it_called_a_tool(samples_server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": None}]}
-    response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    response = httpx.post(f"{samples_server.url}/v1/chat/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["code"] == "messages.0.content"
 
 
-def test_structured_outputs_on_completions_and_json_mode_and_lorax(server):
+def test_structured_outputs_on_completions_and_json_mode_and_lorax(samples_server):
     prompt = {"model": MODEL, "prompt": "The answer is", "temperature": 0, "max_tokens": 30}
     for key, value, check in (
         ("regex", r"[0-9]{3}-[A-Z]{2}", lambda text: len(text) == 6 and text[3] == "-"),
@@ -139,16 +136,22 @@ def test_structured_outputs_on_completions_and_json_mode_and_lorax(server):
         ("json", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
          lambda text: isinstance(json.loads(text)["n"], int)),
     ):  # fmt: skip
-        response = httpx.post(f"{server.url}/v1/completions", json={**prompt, "structured_outputs": {key: value}})
+        response = httpx.post(
+            f"{samples_server.url}/v1/completions", json={**prompt, "structured_outputs": {key: value}}
+        )
         assert response.status_code == 200, response.text
         assert check(response.json()["choices"][0]["text"]), response.json()
     chat = {"model": "robot", "messages": [{"role": "user", "content": "Describe yourself as JSON."}], "temperature": 0}
-    mode = httpx.post(f"{server.url}/v1/chat/completions", json={**chat, "response_format": {"type": "json_object"}})
+    mode = httpx.post(
+        f"{samples_server.url}/v1/chat/completions", json={**chat, "response_format": {"type": "json_object"}}
+    )
     assert isinstance(json.loads(mode.json()["choices"][0]["message"]["content"]), dict)
     schema = SCHEMAS[0]["schema"]
     response_format = {"type": "json_object", "schema": schema}
     parameters = {"adapter_id": "pirate", "max_new_tokens": 100, "response_format": response_format}
-    lorax = httpx.post(f"{server.url}/generate", json={"inputs": "The tavern keeper says", "parameters": parameters})
+    lorax = httpx.post(
+        f"{samples_server.url}/generate", json={"inputs": "The tavern keeper says", "parameters": parameters}
+    )
     assert_valid(lorax.json()["generated_text"], schema, "LoRAX's response_format")
 
 
@@ -177,28 +180,37 @@ def test_structured_outputs_on_completions_and_json_mode_and_lorax(server):
         ("/generate", {"response_format": {"type": "regex"}}, "parameters.response_format.type"),
     ],
 )  # fmt: skip
-def test_what_cannot_be_honoured_is_refused_naming_the_field(server, path, fields, code):
+def test_what_cannot_be_honoured_is_refused_naming_the_field(samples_server, path, fields, code):
     if path == "/generate":
         body = {"inputs": "Hi", "parameters": fields}
     elif path == "/v1/completions":
         body = {"model": MODEL, "prompt": "Hi", **fields}
     else:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], **fields}
-    response = httpx.post(f"{server.url}{path}", json=body)
+    response = httpx.post(f"{samples_server.url}{path}", json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == code, response.json()
 
 
 @pytest.mark.parametrize("route", sorted(FIELD_POLICY))
-def test_every_field_of_openais_requests_is_implemented_inert_or_refused(server, route):
+def test_every_field_of_openais_requests_is_implemented_inert_or_refused(samples_server, route):
     params, request_model, base = {
-        "/v1/chat/completions": (chat_create_params.CompletionCreateParamsBase, ChatCompletionRequest,
-                                 {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}),
-        "/v1/completions": (completion_create_params.CompletionCreateParamsBase, CompletionRequest,
-                            {"max_tokens": 2, "prompt": "Hi"}),
-        "/v1/responses": (response_create_params.ResponseCreateParamsBase, ResponsesRequest,
-                          {"max_output_tokens": 2, "input": "Hi"}),
-    }[route]  # fmt: skip
+        "/v1/chat/completions": (
+            chat_create_params.CompletionCreateParamsBase,
+            ChatCompletionRequest,
+            {"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
+        ),
+        "/v1/completions": (
+            completion_create_params.CompletionCreateParamsBase,
+            CompletionRequest,
+            {"max_tokens": 2, "prompt": "Hi"},
+        ),
+        "/v1/responses": (
+            response_create_params.ResponseCreateParamsBase,
+            ResponsesRequest,
+            {"max_output_tokens": 2, "input": "Hi"},
+        ),
+    }[route]
     policy = FIELD_POLICY[route]
     openai_fields = set(params.__annotations__)
     assert openai_fields <= set(policy), f"not in the field policy: {openai_fields - set(policy)}"
@@ -206,7 +218,7 @@ def test_every_field_of_openais_requests_is_implemented_inert_or_refused(server,
         assert (field in request_model.model_fields) == (how != "refused"), field
     base |= {"model": MODEL}
     for field in [f for f, how in policy.items() if how != "implemented"]:
-        response = httpx.post(f"{server.url}{route}", json={**base, field: "x" if field != "store" else True})
+        response = httpx.post(f"{samples_server.url}{route}", json={**base, field: "x" if field != "store" else True})
         if policy[field] == "inert":
             assert response.status_code == 200, (field, response.text)
         else:

@@ -14,8 +14,6 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import start_server
-
 pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -26,19 +24,14 @@ SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in 
 MARKUP = ("<tool_call>", "</tool_call>", "<tools>")
 
 
-@pytest.fixture(scope="module")
-def server(loaded_model, tmp_path_factory):
-    yield from start_server(loaded_model, tmp_path_factory.mktemp("data"), num_blocks=2048, register_samples=True)
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-
-
 def ask(prompt: str, **extra) -> dict:
-    return {"messages": [{"role": "user", "content": prompt}], "tools": TOOLS, "temperature": 0, "max_tokens": 120,
-            **extra}  # fmt: skip
+    return {
+        "messages": [{"role": "user", "content": prompt}],
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 120,
+        **extra,
+    }
 
 
 def check_reply(choice) -> int:
@@ -56,11 +49,14 @@ def check_reply(choice) -> int:
 
 
 @pytest.mark.parametrize("tool_choice", ["auto", "required"])
-def test_every_call_on_the_shipped_prompts_parses_and_validates_and_text_holds_no_markup(server, tool_choice):
+def test_every_call_on_the_shipped_prompts_parses_and_validates_and_text_holds_no_markup(samples_server, tool_choice):
     async def run() -> list:
-        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused") as client:
-            asked = [client.chat.completions.create(model=t, **ask(p, tool_choice=tool_choice))
-                     for p in SHIPPED["prompts"] for t in TARGETS]  # fmt: skip
+        async with openai.AsyncOpenAI(base_url=f"{samples_server.url}/v1", api_key="unused") as openai_client:
+            asked = [
+                openai_client.chat.completions.create(model=t, **ask(p, tool_choice=tool_choice))
+                for p in SHIPPED["prompts"]
+                for t in TARGETS
+            ]
             return await asyncio.gather(*asked)
 
     completions = asyncio.run(run())
@@ -72,11 +68,11 @@ def test_every_call_on_the_shipped_prompts_parses_and_validates_and_text_holds_n
         assert sum(calls) > 0 and calls.count(0) > 0
 
 
-def test_a_streamed_reply_adds_up_to_the_unstreamed_one(client):
+def test_a_streamed_reply_adds_up_to_the_unstreamed_one(openai_client):
     for prompt in SHIPPED["prompts"][:6]:
-        whole = client.chat.completions.create(model=MODEL, **ask(prompt)).choices[0]
-        chunks = [chunk.choices[0] for chunk in client.chat.completions.create(model=MODEL, stream=True, **ask(prompt))
-                  if chunk.choices]  # fmt: skip
+        whole = openai_client.chat.completions.create(model=MODEL, **ask(prompt)).choices[0]
+        stream = openai_client.chat.completions.create(model=MODEL, stream=True, **ask(prompt))
+        chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
         content = "".join(chunk.delta.content or "" for chunk in chunks)
         names, arguments, ids = {}, {}, {}
         for chunk in chunks:
@@ -92,20 +88,21 @@ def test_a_streamed_reply_adds_up_to_the_unstreamed_one(client):
         assert chunks[-1].finish_reason == whole.finish_reason
 
 
-def test_required_calls_a_function_and_parallel_false_one_at_most(client):
+def test_required_calls_a_function_and_parallel_false_one_at_most(openai_client):
     prompt = SHIPPED["prompts"][16]  # weather and a reminder: two calls where allowed
-    required = client.chat.completions.create(model=MODEL, **ask(prompt, tool_choice="required")).choices[0]
+    required = openai_client.chat.completions.create(model=MODEL, **ask(prompt, tool_choice="required")).choices[0]
     assert check_reply(required) >= 1
-    single = client.chat.completions.create(model=MODEL, **ask(prompt, tool_choice="required",
-                                                               parallel_tool_calls=False)).choices[0]  # fmt: skip
+    single = openai_client.chat.completions.create(
+        model=MODEL, **ask(prompt, tool_choice="required", parallel_tool_calls=False)
+    ).choices[0]
     assert check_reply(single) == 1
-    none = client.chat.completions.create(model=MODEL, **ask(prompt, tool_choice="none")).choices[0]
+    none = openai_client.chat.completions.create(model=MODEL, **ask(prompt, tool_choice="none")).choices[0]
     assert check_reply(none) == 0
 
 
-def test_content_parts_read_as_their_joined_text_and_developer_as_system(client):
+def test_content_parts_read_as_their_joined_text_and_developer_as_system(openai_client):
     def reply(messages: list) -> str:
-        completion = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16)
+        completion = openai_client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16)
         return completion.choices[0].message.content
 
     parts = [{"type": "text", "text": "Name a color."}, {"type": "text", "text": "One word."}]
@@ -127,20 +124,21 @@ def test_content_parts_read_as_their_joined_text_and_developer_as_system(client)
         ({"type": "text", "text": "x", "cache_control": {}}, "messages.0.content.1.cache_control"),
     ],
 )
-def test_parts_the_model_cannot_read_are_refused_by_name(server, part, field):
+def test_parts_the_model_cannot_read_are_refused_by_name(samples_server, part, field):
     content = [{"type": "text", "text": "What is in this picture?"}, part]
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
-    response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    response = httpx.post(f"{samples_server.url}/v1/chat/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["code"] == field, response.text
 
 
-def test_an_earlier_call_and_its_result_go_back_to_the_model(client):
+def test_an_earlier_call_and_its_result_go_back_to_the_model(openai_client):
     weather = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
     messages = [
         {"role": "user", "content": "What is the weather in Oslo?"},
         {"role": "assistant", "content": None, "tool_calls": [weather]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"celsius": -3, "sky": "snow"}'},
     ]
-    choice = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, temperature=0,
-                                            max_tokens=40).choices[0]  # fmt: skip
+    choice = openai_client.chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=40
+    ).choices[0]
     check_reply(choice)

@@ -59,9 +59,9 @@ def converter_base(model_dir: Path, work: Path) -> Path:
     base = work / "base"
     base.mkdir()
     model_config = json.loads((model_dir / "config.json").read_text())
-    rows = model_config["vocab_size"]
+    rows = model_config.get("vocab_size", 0)
     # Phi-3's converter reads a BPE vocabulary only for GPT2Tokenizer (Phi-4's class), else wants tokenizer.model.
-    tokenizer_class = "GPT2Tokenizer" if model_config["model_type"] == "phi3" else "PreTrainedTokenizerFast"
+    tokenizer_class = "GPT2Tokenizer" if model_config.get("model_type") == "phi3" else "PreTrainedTokenizerFast"
     patched = {
         "config.json": lambda config: config.setdefault("architectures", ["LlamaForCausalLM"]),
         "tokenizer_config.json": lambda config: config.update(tokenizer_class=tokenizer_class),

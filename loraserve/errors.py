@@ -149,5 +149,10 @@ class ApiKeyNotFoundError(LoraserveError, LookupError):
         super().__init__(f"no API key with id {key_id}")
 
 
+class ClientGoneError(LoraserveError):
+    """The client closed its connection before its (non-streamed) answer was ready: the request was aborted, and
+    the 499 that ends it reaches no one (an answer built from the unfinished output would be no answer at all)."""
+
+
 class RequestTimeoutError(LoraserveError):
     """The request waited past the timeout its client set, and was dropped unserved (504)."""

@@ -47,6 +47,7 @@ _WIRE: list[tuple[type[Exception], int, str, str | None]] = [
     (domain.RequestFailedError, 500, "server_error", "request_failed"),
     (domain.OverloadedError, 503, "server_error", "overloaded"),
     (domain.RequestTimeoutError, 504, "server_error", "timeout"),
+    (domain.ClientGoneError, 499, "invalid_request_error", "client_closed_request"),
     (domain.InsufficientStorageError, 507, "server_error", "insufficient_storage"),
 ]
 
@@ -75,6 +76,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "the body or the upload is too large"),
         (422, "the adapter cannot be accepted (code: the field or file)"),
         (429, "the API key's requests or tokens per minute are spent (Retry-After; code: the quota)"),
+        (499, "the client closed the connection before its answer (nginx's code; no one reads it)"),
         (500, "computing the request failed, or an unforeseen error (with a request_id)"),
         (503, "adapter, registry, engine or a cluster's replica unavailable, or overloaded (Retry-After)"),
         (504, "the request's own timeout passed before it started"),

@@ -15,6 +15,7 @@ from loraserve.engine.outputs import ADAPTER_UNAVAILABLE, OVERLOADED, TIMED_OUT
 from loraserve.engine.sampling_params import INT64_MAX, INT64_MIN
 from loraserve.errors import (
     AdapterUnavailableError,
+    ClientGoneError,
     InvalidRequestError,
     OverloadedError,
     RequestFailedError,
@@ -139,7 +140,9 @@ async def generate(
                 async for last in outputs:
                     yield last
                     if not last.finished and await http.is_disconnected():
-                        return
+                        if scheduling.is_streamed:
+                            return  # the stream ends where the client left it
+                        raise ClientGoneError(f"the client of request {request_id} closed the connection")
         finally:
             if last is not None:
                 turn.prompt_tokens, turn.output_tokens = len(last.prompt_token_ids), _num_generated(last)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import httpx
 import openai
@@ -100,7 +101,11 @@ def test_errors_are_json_with_the_documented_status(server):
     wait_until_idle(server.engine)
 
 
-def test_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server):
+# A document that cannot end early (the Responses API has no ignore_eos).
+LONG_STORY = {"type": "object", "properties": {"story": {"type": "string", "minLength": 3000}}, "required": ["story"]}
+
+
+def test_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server, caplog):
     # Unaborted, 4000 tokens would run for minutes: wait_until_idle would time out.
     body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 4000, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body) as response:
@@ -109,6 +114,17 @@ def test_client_that_disconnects_aborts_its_request_and_frees_its_blocks(server)
     wait_until_idle(server.engine)
     manager = server.engine.engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
+    # Not streamed: the client gives up waiting; its request ends there, without an error logged for it.
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 4000,
+            "ignore_eos": True}  # fmt: skip
+    text_format = {"format": {"type": "json_schema", "name": "story", "schema": LONG_STORY}}
+    story = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 4000, "text": text_format}
+    for url, fields in ((f"{server.url}/v1/chat/completions", chat), (f"{server.url}/v1/responses", story)):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json=fields, timeout=httpx.Timeout(5, read=1.5))
+        wait_until_idle(server.engine)
+        assert manager.num_free_blocks == manager.num_blocks
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
 
 def test_concurrent_streaming_clients_all_complete_with_the_greedy_answers(server, llm):

@@ -33,11 +33,14 @@ class ToolPlan:
 
     def output(self, tokenizer: PreTrainedTokenizerBase, fmt: ToolCallFormat) -> StructuredOutput | None:
         """What the reply must match: the named call's arguments, or text and calls in `fmt` (None: free text)."""
-        if self.named is not None:
-            return StructuredOutput.json_schema(self.named.arguments_schema(), f"{self.named.field}.parameters")
-        if self.mode == "none":
-            return None
-        grammar = fmt.grammar(tokenizer, self.functions, self.mode == "required", self.parallel)
+        try:
+            if self.named is not None:
+                return StructuredOutput.json_schema(self.named.arguments_schema(), f"{self.named.field}.parameters")
+            if self.mode == "none":
+                return None
+            grammar = fmt.grammar(tokenizer, self.functions, self.mode == "required", self.parallel)
+        except RecursionError:  # a schema nested past Python's stack, walked to close its objects
+            raise InvalidRequestError("tools", "hold a parameters schema that nests too deeply") from None
         return StructuredOutput.lark(grammar, "tools")
 
 

@@ -12,6 +12,8 @@ import pytest
 from pydantic import BaseModel
 from transformers import AutoTokenizer
 
+from loraserve.errors import InvalidRequestError
+from loraserve.tools.choice import chat_tool_plan
 from loraserve.tools.formats import FORMATS, format_of_template
 from loraserve.tools.functions import Function
 from loraserve.tools.stream import ReplyStream
@@ -164,3 +166,13 @@ def test_the_format_follows_the_template():
     assert format_of_template('{"name": function name, "parameters": dictionary}').name == "llama3_json"
     assert format_of_template("[TOOL_CALLS]").name == "mistral"
     assert format_of_template(GEMMA3_TEMPLATE).name == "hermes"
+
+
+def test_a_schema_nested_past_the_stack_is_refused_naming_tools(tokenizer):
+    deep: dict = {"type": "object"}
+    for _ in range(3000):
+        deep = {"type": "object", "properties": {"a": deep}}
+    plan = chat_tool_plan([{"type": "function", "function": {"name": "f", "parameters": deep}}], "auto", None)
+    with pytest.raises(InvalidRequestError) as refused:
+        plan.output(tokenizer, FORMATS["hermes"])
+    assert refused.value.field == "tools"

@@ -60,12 +60,13 @@ def _shaped(
     if "developer" not in template:
         conversation = [{**m, "role": "system"} if m["role"] == "developer" else m for m in conversation]
     has_system_role = template_shows(tokenizer, template, "system_role")
-    if not (has_system_role and template_shows(tokenizer, template, "content_parts")):
-        conversation = [{**m, "content": joined_text(m["content"])} for m in conversation]
-    has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in conversation)
-    if template_shows(tokenizer, template, "tools"):
+    shows_tools = template_shows(tokenizer, template, "tools")
+    fallback = not shows_tools and (functions or any(m["role"] == "tool" or m.get("tool_calls") for m in conversation))
+    if fallback or not (has_system_role and template_shows(tokenizer, template, "content_parts")):
+        conversation = [{**m, "content": joined_text(m["content"])} for m in conversation]  # the fallback adds text
+    if shows_tools:
         conversation = for_tool_template(conversation)
-    elif functions or has_tool_turns:
+    elif fallback:
         conversation, tools = with_fallback_tools(conversation, functions, tool_format), None
     if not has_system_role:
         conversation = fold_system_messages(conversation)

@@ -29,23 +29,22 @@ def for_tool_template(conversation: list[Message]) -> list[Message]:
 
 
 def with_fallback_tools(conversation: list[Message], functions: list[Function], fmt: ToolCallFormat) -> list[Message]:
-    """The conversation for a template that shows no tools: the functions in the system message, calls and results
-    as text."""
+    """The conversation (its content text, not parts) for a template that shows no tools: the functions in the system
+    message, calls and results as text."""
     shown: list[Message] = []
-    for message in conversation:
+    for i, message in enumerate(conversation):
         if message["role"] == "tool":
             result = f"<tool_response>\n{message['content']}\n</tool_response>"
-            if shown and shown[-1].get("tool_results"):
+            if i > 0 and conversation[i - 1]["role"] == "tool":  # the results of one turn's calls: one user turn
                 shown[-1] = {**shown[-1], "content": f"{shown[-1]['content']}\n{result}"}
             else:
-                shown.append({"role": "user", "content": result, "tool_results": True})
+                shown.append({"role": "user", "content": result})
         elif message.get("tool_calls"):
             calls = [(call["function"]["name"], _arguments(call)) for call in message["tool_calls"]]
             text = "\n".join(part for part in (message.get("content") or "", fmt.written_calls(calls)) if part)
             shown.append({"role": "assistant", "content": text})
         else:
             shown.append(message)
-    shown = [{k: v for k, v in message.items() if k != "tool_results"} for message in shown]
     if not functions:
         return shown
     instructions = fmt.instructions(functions)

@@ -73,3 +73,11 @@ def test_content_parts_are_joined_for_a_template_of_strings_and_kept_for_one_of_
 def test_developer_is_system_where_the_template_has_no_developer_role(smollm):
     developer = text(smollm, [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
     assert developer == text(smollm, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+
+
+def test_parts_meet_the_fallback_prompt_as_text(model_dir):
+    gemma = with_template(model_dir, GEMMA3_TEMPLATE)  # renders parts, shows no tools
+    results = [*TOOL_TURNS, {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "Snow"}]}]
+    prompt = text(gemma, [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, *results], [WEATHER])
+    assert "Be brief.\n\n# Tools" in prompt and "'type'" not in prompt
+    assert '<tool_response>\n{"celsius": -3}\n</tool_response>\n<tool_response>\nSnow\n</tool_response>' in prompt

@@ -121,7 +121,7 @@ class ChatFormat(Format):
     def __init__(self, state: ServerState, model: str, plan: ToolPlan | None = None) -> None:
         super().__init__(state, model)
         self.named = plan.named if plan is not None else None
-        self.reads_calls = plan is not None and plan.mode in ("auto", "required")
+        self.reads_calls = plan is not None and plan.reads_calls
         self._named_ids: dict[int, str] = {}  # choice index -> its named call's id, the same in every chunk
         self._streams: dict[int, ReplyStream] = {}  # choice index -> what its stream has sent
 

@@ -112,7 +112,7 @@ class _ResponseBuilder:
 
     def __post_init__(self) -> None:
         self.named = self.plan.named if self.plan is not None else None
-        self.reads_calls = self.plan is not None and self.plan.mode in ("auto", "required")
+        self.reads_calls = self.plan is not None and self.plan.reads_calls
         self.reply = ReplyStream(self.state.tool_format)
 
     def update(self, output: RequestOutput) -> tuple[str, list[int], list[tuple[int, str]]]:

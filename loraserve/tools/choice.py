@@ -31,6 +31,11 @@ class ToolPlan:
         """The functions the prompt shows the model (none where it may not call one)."""
         return [] if self.mode == "none" else self.functions
 
+    @property
+    def reads_calls(self) -> bool:
+        """Whether the reply is text and calls in the model's format, read back into calls (auto, required)."""
+        return self.mode in ("auto", "required")
+
     def output(self, tokenizer: PreTrainedTokenizerBase, fmt: ToolCallFormat) -> StructuredOutput | None:
         """What the reply must match: the named call's arguments, or text and calls in `fmt` (None: free text)."""
         try:
